@@ -1,0 +1,49 @@
+// Package collectors holds the node-local health checks of nodevigil and the result type they
+// share. Nothing under collectors/ imports Kubernetes API packages: a check observes the host
+// (procfs, systemd over D-Bus, files, loopback HTTP) and says what it saw. Turning results into
+// Node conditions, taints and Events is the agent's job, so the checks stay usable from the
+// one-shot `nodevigil-agent check` command on a node whose cluster is unreachable.
+package collectors
+
+import (
+	"errors"
+	"time"
+)
+
+// Status is the verdict of one check. It is deliberately three-valued: "we could not tell"
+// (Unknown) must never be mistaken for either healthy or unhealthy by the consumers.
+type Status string
+
+const (
+	// StatusHealthy means the check observed the subsystem and it is fine.
+	StatusHealthy Status = "Healthy"
+	// StatusUnhealthy means the check observed the subsystem and it is not fine.
+	StatusUnhealthy Status = "Unhealthy"
+	// StatusUnknown means the check could not observe the subsystem (unsupported kernel,
+	// unreadable file, timeout); Reason says why.
+	StatusUnknown Status = "Unknown"
+)
+
+// Result is what one run of a check observed. Reason is a CamelCase machine-readable word
+// (it becomes a Node condition reason); Message is for humans and carries the numbers that led
+// to the verdict, so an operator reading `kubectl describe node` needs nothing else.
+type Result struct {
+	// Check is the name of the check that produced the result ("memory", "kubelet", "cni").
+	Check string `json:"check"`
+	// Status is the verdict.
+	Status Status `json:"status"`
+	// Reason is a CamelCase word, stable across releases, suitable for alerts.
+	Reason string `json:"reason"`
+	// Message explains the verdict with the observed values.
+	Message string `json:"message"`
+	// Time is when the observation was made.
+	Time time.Time `json:"time"`
+	// Err is set when the check failed to observe (as opposed to observing a problem). It is
+	// counted in the agent's error metric and logged; it is never serialised.
+	Err error `json:"-"`
+}
+
+// ErrNotSupported marks a check or a data source that this host cannot provide (a kernel
+// without PSI, a host without systemd). Checks wrap it so callers can tell "not available
+// here" apart from real failures and avoid logging or alerting on it every cycle.
+var ErrNotSupported = errors.New("not supported on this host")

@@ -1,0 +1,40 @@
+//go:build tools
+
+// Package nodevigil pins the dependency graph while the packages that use it are being written.
+package nodevigil
+
+import (
+	_ "github.com/aws/aws-sdk-go-v2/aws"
+	_ "github.com/aws/aws-sdk-go-v2/config"
+	_ "github.com/aws/aws-sdk-go-v2/credentials"
+	_ "github.com/aws/aws-sdk-go-v2/aws/retry"
+	_ "github.com/aws/aws-sdk-go-v2/service/ec2"
+	_ "github.com/aws/smithy-go"
+	_ "github.com/coreos/go-systemd/v22/dbus"
+	_ "github.com/godbus/dbus/v5"
+	_ "github.com/godbus/dbus/v5/introspect"
+	_ "github.com/godbus/dbus/v5/prop"
+	_ "github.com/prometheus/client_golang/prometheus"
+	_ "github.com/prometheus/client_golang/prometheus/collectors"
+	_ "github.com/prometheus/client_golang/prometheus/promhttp"
+	_ "github.com/prometheus/client_golang/prometheus/testutil"
+	_ "github.com/prometheus/procfs"
+	_ "github.com/prometheus/procfs/blockdevice"
+	_ "golang.org/x/time/rate"
+	_ "k8s.io/api/coordination/v1"
+	_ "k8s.io/api/core/v1"
+	_ "k8s.io/api/policy/v1"
+	_ "k8s.io/apimachinery/pkg/util/strategicpatch"
+	_ "k8s.io/client-go/informers"
+	_ "k8s.io/client-go/kubernetes"
+	_ "k8s.io/client-go/kubernetes/fake"
+	_ "k8s.io/client-go/tools/clientcmd"
+	_ "k8s.io/client-go/tools/leaderelection"
+	_ "k8s.io/client-go/tools/leaderelection/resourcelock"
+	_ "k8s.io/client-go/tools/record"
+	_ "k8s.io/client-go/util/workqueue"
+	_ "k8s.io/client-go/util/retry"
+	_ "k8s.io/utils/clock"
+	_ "k8s.io/utils/clock/testing"
+	_ "sigs.k8s.io/yaml"
+)

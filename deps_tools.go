@@ -5,9 +5,9 @@ package nodevigil
 
 import (
 	_ "github.com/aws/aws-sdk-go-v2/aws"
+	_ "github.com/aws/aws-sdk-go-v2/aws/retry"
 	_ "github.com/aws/aws-sdk-go-v2/config"
 	_ "github.com/aws/aws-sdk-go-v2/credentials"
-	_ "github.com/aws/aws-sdk-go-v2/aws/retry"
 	_ "github.com/aws/aws-sdk-go-v2/service/ec2"
 	_ "github.com/aws/smithy-go"
 	_ "github.com/coreos/go-systemd/v22/dbus"
@@ -32,8 +32,8 @@ import (
 	_ "k8s.io/client-go/tools/leaderelection"
 	_ "k8s.io/client-go/tools/leaderelection/resourcelock"
 	_ "k8s.io/client-go/tools/record"
-	_ "k8s.io/client-go/util/workqueue"
 	_ "k8s.io/client-go/util/retry"
+	_ "k8s.io/client-go/util/workqueue"
 	_ "k8s.io/utils/clock"
 	_ "k8s.io/utils/clock/testing"
 	_ "sigs.k8s.io/yaml"

@@ -1,0 +1,83 @@
+package kubelet
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+// BenchmarkCheck measures one kubelet check against a local /healthz with no bus socket
+// (the verdict comes from /healthz alone; the missing socket is redialled only after backoff).
+func BenchmarkCheck(b *testing.B) {
+	hz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	defer hz.Close()
+	c, err := New(Config{
+		DBusAddress: "unix:path=" + filepath.Join(b.TempDir(), "no_bus_socket"),
+		HealthzURL:  hz.URL + "/healthz",
+		Logger:      discardLogger(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+			b.Fatalf("%s/%s: %s", res.Status, res.Reason, res.Message)
+		}
+	}
+}
+
+// BenchmarkCheckDBus measures one kubelet check with both observations: two GetAll calls
+// over a real dbus-daemon to the fake systemd, and /healthz.
+func BenchmarkCheckDBus(b *testing.B) {
+	addr := startBus(b, filepath.Join(socketDir(b), "bus.sock"))
+	startFakeSystemd(b, addr)
+	hz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	defer hz.Close()
+	c, err := New(Config{DBusAddress: addr, HealthzURL: hz.URL + "/healthz", Timeout: 5 * time.Second, Logger: discardLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+			b.Fatalf("%s/%s: %s", res.Status, res.Reason, res.Message)
+		}
+	}
+}
+
+func BenchmarkParseRegisterWithTaints(b *testing.B) {
+	const raw = "node.cilium.io/agent-not-ready=true:NoExecute,readiness.k8s.io/network=pending:NoSchedule,dedicated=db:NoSchedule"
+	b.ReportAllocs()
+	for b.Loop() {
+		if taints, problems := ParseRegisterWithTaints(raw); len(taints) != 3 || len(problems) != 0 {
+			b.Fatal(taints, problems)
+		}
+	}
+}
+
+func BenchmarkConfigCheck(b *testing.B) {
+	c, err := NewConfigCheck(ConfigCheckConfig{
+		HostRoot:       filepath.Join("testdata", "hosts", "dropin-json"),
+		ExpectedTaints: []string{ciliumTaint},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+			b.Fatal(res.Message)
+		}
+	}
+}

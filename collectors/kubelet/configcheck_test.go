@@ -1,0 +1,299 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+const ciliumTaint = "node.cilium.io/agent-not-ready"
+
+func TestConfigCheck(t *testing.T) {
+	tests := []struct {
+		host     string
+		expected []string
+		status   collectors.Status
+		reason   string
+		message  []string // substrings
+		wantErr  bool
+	}{
+		{
+			host:     "flag-valid",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 1234 registers 1 startup taint(s) [node.cilium.io/agent-not-ready=true:NoExecute] from --register-with-taints; all 1 expected present"},
+		},
+		{
+			host:     "flag-quoted",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{`kubelet pid 1234: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; ` +
+				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
+		},
+		{
+			host:     "flag-quoted-name",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message:  []string{"has stray quote characters; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes"},
+		},
+		{
+			host:     "flag-overrides-config",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMissing,
+			message: []string{`expected startup taint "node.cilium.io/agent-not-ready:NoExecute" is not registered by the kubelet; ` +
+				`pass --register-with-taints=other.example.com/x:NoSchedule,node.cilium.io/agent-not-ready:NoExecute to the kubelet`},
+		},
+		{
+			host:     "config-valid",
+			expected: []string{ciliumTaint + "=true:NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"from ", filepath.Join("config-valid", "etc/kubernetes/kubelet/config.yaml")},
+		},
+		{
+			host:     "config-valid",
+			expected: []string{ciliumTaint + ":NoSchedule"},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMissing,
+			message: []string{
+				"(registered with effect NoExecute instead of NoSchedule)",
+				"add {key: node.cilium.io/agent-not-ready, effect: NoSchedule} to registerWithTaints in ",
+			},
+		},
+		{
+			host:     "config-missing-taint",
+			expected: []string{ciliumTaint + "=true:NoExecute", "readiness.k8s.io/network"},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMissing,
+			message: []string{
+				`expected startup taint "node.cilium.io/agent-not-ready=true:NoExecute" is not registered by the kubelet; ` +
+					`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute,readiness.k8s.io/network:NoSchedule to the kubelet ` +
+					`or add {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute} to registerWithTaints in testdata/hosts/config-missing-taint/etc/kubernetes/kubelet/config.yaml`,
+				`expected startup taint "readiness.k8s.io/network" is not registered`,
+			},
+		},
+		{
+			host:     "config-bad-effect",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{`registerWithTaints entry {key: "node.cilium.io/agent-not-ready", value: "true", effect: "noExecute"} in `,
+				`has effect "noExecute", but effects are case-sensitive (NoExecute); write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
+		},
+		{
+			host:     "dropin-json",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 2201 registers 1 startup taint(s) [node.cilium.io/agent-not-ready=true:NoExecute] from ", "00-nodeadm.conf"},
+		},
+		{
+			host:     "argv0-only",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 3001"},
+		},
+		{
+			host:   "no-taints",
+			status: collectors.StatusHealthy,
+			reason: ReasonKubeletConfigValid,
+			message: []string{"kubelet pid 1234 registers 0 startup taint(s) [] (no --register-with-taints flag nor registerWithTaints setting); " +
+				"all 0 expected present"},
+		},
+		{
+			host:     "no-taints",
+			expected: []string{ciliumTaint + "=true:NoExecute"},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMissing,
+			message:  []string{"pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute to the kubelet"},
+		},
+		{
+			host:    "config-unreadable",
+			status:  collectors.StatusUnknown,
+			reason:  ReasonKubeletConfigUnreadable,
+			message: []string{"cannot validate the startup taints of kubelet pid 1234", "missing.yaml"},
+			wantErr: true,
+		},
+		{
+			host:    "config-invalid-yaml",
+			status:  collectors.StatusUnknown,
+			reason:  ReasonKubeletConfigUnreadable,
+			message: []string{"parse kubelet config"},
+			wantErr: true,
+		},
+		{
+			host:     "no-kubelet",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnknown,
+			reason:   ReasonKubeletProcessNotFound,
+			message:  []string{"no kubelet process found in "},
+			wantErr:  true,
+		},
+		{
+			host:    "does-not-exist",
+			status:  collectors.StatusUnknown,
+			reason:  ReasonKubeletProcessNotFound,
+			wantErr: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host+"/"+strings.Join(tt.expected, ","), func(t *testing.T) {
+			clock := newFakeClock()
+			c, err := NewConfigCheck(ConfigCheckConfig{
+				HostRoot:       filepath.Join("testdata", "hosts", tt.host),
+				ExpectedTaints: tt.expected,
+				Now:            clock.Now,
+			})
+			if err != nil {
+				t.Fatalf("NewConfigCheck: %v", err)
+			}
+			if c.Name() != "kubelet-config" {
+				t.Errorf("Name() = %q", c.Name())
+			}
+			res := c.Check(context.Background())
+			if res.Check != "kubelet-config" || !res.Time.Equal(clock.Now()) {
+				t.Errorf("Check/Time = %q/%v", res.Check, res.Time)
+			}
+			if res.Status != tt.status || res.Reason != tt.reason {
+				t.Fatalf("got %s/%s (%s), want %s/%s", res.Status, res.Reason, res.Message, tt.status, tt.reason)
+			}
+			for _, m := range tt.message {
+				if !strings.Contains(res.Message, m) {
+					t.Errorf("message\n  %s\nwant it to contain\n  %s", res.Message, m)
+				}
+			}
+			if (res.Err != nil) != tt.wantErr {
+				t.Errorf("Err = %v, want error: %v", res.Err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestConfigCheckProcessNotFoundIsNotUnhealthy(t *testing.T) {
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: filepath.Join("testdata", "hosts", "no-kubelet")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := c.Check(context.Background())
+	if res.Status != collectors.StatusUnknown || !errors.Is(res.Err, errKubeletNotFound) {
+		t.Fatalf("got %s err=%v, want Unknown wrapping errKubeletNotFound", res.Status, res.Err)
+	}
+}
+
+func TestConfigCheckCancelled(t *testing.T) {
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: filepath.Join("testdata", "hosts", "flag-valid")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res := c.Check(ctx)
+	if res.Status != collectors.StatusUnknown || !errors.Is(res.Err, context.Canceled) {
+		t.Fatalf("got %s err=%v, want Unknown with context.Canceled", res.Status, res.Err)
+	}
+}
+
+func TestNewConfigCheckRejectsBadExpectation(t *testing.T) {
+	_, err := NewConfigCheck(ConfigCheckConfig{ExpectedTaints: []string{"ok:NoSchedule", "bad:noschedule"}})
+	if err == nil || !strings.Contains(err.Error(), "ExpectedTaints[1]") || !strings.Contains(err.Error(), "case-sensitive") {
+		t.Fatalf("err = %v, want one naming ExpectedTaints[1] and the case problem", err)
+	}
+}
+
+func TestParseKubeletArgs(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want kubeletFlags
+	}{
+		{name: "argv0 only", args: []string{"/usr/bin/kubelet"}},
+		{
+			name: "equals form",
+			args: []string{"kubelet", "--config=/c.yaml", "--config-dir=/d", "--register-with-taints=a:NoSchedule"},
+			want: kubeletFlags{config: "/c.yaml", configDir: "/d", taints: "a:NoSchedule", taintsSet: true},
+		},
+		{
+			name: "separate value form",
+			args: []string{"kubelet", "--config", "/c.yaml", "--register-with-taints", "a:NoSchedule"},
+			want: kubeletFlags{config: "/c.yaml", taints: "a:NoSchedule", taintsSet: true},
+		},
+		{
+			name: "last occurrence wins",
+			args: []string{"kubelet", "--register-with-taints=a:NoSchedule", "--register-with-taints=b:NoExecute"},
+			want: kubeletFlags{taints: "b:NoExecute", taintsSet: true},
+		},
+		{
+			name: "empty value still counts as set",
+			args: []string{"kubelet", "--register-with-taints="},
+			want: kubeletFlags{taintsSet: true},
+		},
+		{
+			name: "flag at the end without value",
+			args: []string{"kubelet", "--register-with-taints"},
+			want: kubeletFlags{taintsSet: true},
+		},
+		{
+			name: "leading quote moves onto the value",
+			args: []string{"kubelet", `'--register-with-taints=a:NoSchedule'`},
+			want: kubeletFlags{taints: `'a:NoSchedule'`, taintsSet: true},
+		},
+		{
+			name: "other flags and their values are skipped",
+			args: []string{"kubelet", "--node-labels=a=b", "--v", "2", "positional", "--hostname-override=x"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := parseKubeletArgs(tt.args); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("parseKubeletArgs(%q) = %+v, want %+v", tt.args, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseConfigTaints(t *testing.T) {
+	tests := []struct {
+		name    string
+		data    string
+		want    []Taint
+		set     bool
+		wantErr bool
+	}{
+		{name: "absent", data: "kind: KubeletConfiguration\n"},
+		{name: "explicit empty list", data: "registerWithTaints: []\n", want: []Taint{}, set: true},
+		{
+			name: "yaml",
+			data: "registerWithTaints:\n- key: a\n  effect: NoSchedule\n- {key: b, value: c, effect: NoExecute}\n",
+			want: []Taint{{Key: "a", Effect: "NoSchedule"}, {Key: "b", Value: "c", Effect: "NoExecute"}},
+			set:  true,
+		},
+		{
+			name: "json",
+			data: `{"registerWithTaints":[{"key":"a","effect":"NoSchedule"}]}`,
+			want: []Taint{{Key: "a", Effect: "NoSchedule"}},
+			set:  true,
+		},
+		{name: "wrong type", data: "registerWithTaints: notalist\n", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, set, err := parseConfigTaints([]byte(tt.data))
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if set != tt.set || !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %#v set=%v, want %#v set=%v", got, set, tt.want, tt.set)
+			}
+		})
+	}
+}

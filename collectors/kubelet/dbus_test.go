@@ -1,0 +1,441 @@
+package kubelet
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+	"github.com/godbus/dbus/v5/prop"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+// These tests run the real go-systemd client against a private dbus-daemon on which a fake
+// systemd owns org.freedesktop.systemd1 and implements exactly what the client calls:
+// Properties.GetAll on the unit object for the Unit and Service interfaces, and
+// Manager.RestartUnit / ResetFailedUnit, answering RestartUnit with a job path and then the
+// JobRemoved signal go-systemd waits for.
+
+const (
+	sdBusName      = "org.freedesktop.systemd1"
+	sdManagerPath  = godbus.ObjectPath("/org/freedesktop/systemd1")
+	sdManagerIface = "org.freedesktop.systemd1.Manager"
+	sdUnitIface    = "org.freedesktop.systemd1.Unit"
+	sdServiceIface = "org.freedesktop.systemd1.Service"
+	kubeletPath    = godbus.ObjectPath("/org/freedesktop/systemd1/unit/kubelet_2eservice")
+)
+
+const busConfig = `<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path=%s</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+  </policy>
+</busconfig>
+`
+
+// startBus starts a private dbus-daemon listening on socket and returns its address. The
+// daemon is killed in t.Cleanup.
+func startBus(t testing.TB, socket string) string {
+	t.Helper()
+	daemon, err := exec.LookPath("dbus-daemon")
+	if err != nil {
+		t.Fatalf("dbus-daemon not found (%v): install the dbus package (apt-get install dbus) to run the D-Bus tests", err)
+	}
+	conf := filepath.Join(filepath.Dir(socket), "bus.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, busConfig, socket), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(daemon, "--config-file="+conf, "--print-address", "--nofork")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start dbus-daemon: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	lines := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		if s.Scan() {
+			lines <- s.Text()
+		}
+		close(lines)
+	}()
+	select {
+	case addr, ok := <-lines:
+		if !ok || addr == "" {
+			t.Fatalf("dbus-daemon printed no address; stderr: %s", stderr.String())
+		}
+		return addr
+	case <-time.After(10 * time.Second):
+		t.Fatalf("dbus-daemon did not print its address within 10s; stderr: %s", stderr.String())
+	}
+	return ""
+}
+
+// socketDir returns a short directory for a unix socket (paths are limited to 108 bytes).
+func socketDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "nvdbus")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// fakeSystemd is the systemd side of the bus.
+type fakeSystemd struct {
+	conn  *godbus.Conn
+	props *prop.Properties
+
+	mu        sync.Mutex
+	restarts  []string // "unit mode" per RestartUnit call
+	resets    []string
+	jobID     uint32
+	jobResult string
+}
+
+func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
+	t.Helper()
+	conn, err := godbus.Connect(addr)
+	if err != nil {
+		t.Fatalf("fake systemd: connect: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	reply, err := conn.RequestName(sdBusName, godbus.NameFlagDoNotQueue)
+	if err != nil || reply != godbus.RequestNameReplyPrimaryOwner {
+		t.Fatalf("fake systemd: request name: reply %v, err %v", reply, err)
+	}
+	f := &fakeSystemd{conn: conn, jobResult: "done"}
+	f.props, err = prop.Export(conn, kubeletPath, prop.Map{
+		sdUnitIface: {
+			"Id":          {Value: "kubelet.service"},
+			"LoadState":   {Value: "loaded"},
+			"ActiveState": {Value: "active"},
+			"SubState":    {Value: "running"},
+		},
+		sdServiceIface: {
+			"NRestarts": {Value: uint32(0)},
+			"Result":    {Value: "success"},
+		},
+	})
+	if err != nil {
+		t.Fatalf("fake systemd: export properties: %v", err)
+	}
+	err = conn.ExportMethodTable(map[string]any{
+		"RestartUnit":     f.restartUnit,
+		"ResetFailedUnit": f.resetFailedUnit,
+		"GetUnit":         f.getUnit,
+	}, sdManagerPath, sdManagerIface)
+	if err != nil {
+		t.Fatalf("fake systemd: export manager: %v", err)
+	}
+	return f
+}
+
+// set changes the unit as systemd would.
+func (f *fakeSystemd) set(active, sub, result string, nrestarts uint32) {
+	f.props.SetMust(sdUnitIface, "ActiveState", active)
+	f.props.SetMust(sdUnitIface, "SubState", sub)
+	f.props.SetMust(sdServiceIface, "Result", result)
+	f.props.SetMust(sdServiceIface, "NRestarts", nrestarts)
+}
+
+func (f *fakeSystemd) getUnit(name string) (godbus.ObjectPath, *godbus.Error) {
+	if name != "kubelet.service" {
+		return "", godbus.NewError("org.freedesktop.systemd1.NoSuchUnit", []any{"Unit " + name + " not loaded."})
+	}
+	return kubeletPath, nil
+}
+
+func (f *fakeSystemd) resetFailedUnit(name string) *godbus.Error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resets = append(f.resets, name)
+	return nil
+}
+
+// restartUnit answers with a job path, then (as systemd does once the job is finished)
+// marks the unit running and emits JobRemoved with the configured result.
+func (f *fakeSystemd) restartUnit(name, mode string) (godbus.ObjectPath, *godbus.Error) {
+	f.mu.Lock()
+	f.restarts = append(f.restarts, name+" "+mode)
+	f.jobID++
+	id, result := f.jobID, f.jobResult
+	f.mu.Unlock()
+	job := godbus.ObjectPath(fmt.Sprintf("/org/freedesktop/systemd1/job/%d", id))
+	go func() {
+		if result == "done" {
+			f.set("active", "running", "success", 0)
+		}
+		_ = f.conn.Emit(sdManagerPath, sdManagerIface+".JobRemoved", id, job, name, result)
+	}()
+	return job, nil
+}
+
+func (f *fakeSystemd) calls() (restarts, resets []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.restarts...), append([]string(nil), f.resets...)
+}
+
+func okHealthz(t testing.TB) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func TestDBusCollector(t *testing.T) {
+	addr := startBus(t, filepath.Join(socketDir(t), "bus.sock"))
+	sd := startFakeSystemd(t, addr)
+	hz := okHealthz(t)
+	clock := newFakeClock()
+	c := newTestCollector(t, Config{DBusAddress: addr, HealthzURL: hz.URL, Now: clock.Now, Timeout: 5 * time.Second}, nil)
+
+	steps := []struct {
+		name    string
+		advance time.Duration
+		set     func()
+		status  collectors.Status
+		reason  string
+		message string
+	}{
+		{
+			name: "active", status: collectors.StatusHealthy, reason: ReasonKubeletHealthy,
+			message: "kubelet.service active/running (NRestarts=0, Result=success), +0 restarts in 10m0s; kubelet /healthz 200 in ",
+		},
+		{
+			name: "restart 1", advance: time.Minute, set: func() { sd.set("active", "running", "success", 1) },
+			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy, message: "+1 restarts",
+		},
+		{
+			name: "restart 2", advance: time.Minute, set: func() { sd.set("activating", "auto-restart", "exit-code", 2) },
+			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy, // healthz still answers in this fake
+		},
+		{
+			name: "restart 3: loop", advance: time.Minute, set: func() { sd.set("active", "running", "success", 3) },
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletRestartLoop,
+			message: "kubelet restarted 3 times in 3m0s (threshold 3 in 10m0s): kubelet.service active/running (NRestarts=3, Result=success)",
+		},
+		{
+			name: "oom-killed and failed", advance: 15 * time.Minute, set: func() { sd.set("failed", "failed", "oom-kill", 3) },
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletOOMKilled,
+			message: "kubelet was killed by the kernel OOM killer: kubelet.service failed/failed (NRestarts=3, Result=oom-kill)",
+		},
+		{
+			name: "stopped", advance: 15 * time.Minute, set: func() { sd.set("inactive", "dead", "success", 0) },
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+		},
+	}
+	for _, s := range steps {
+		clock.Step(s.advance)
+		if s.set != nil {
+			s.set()
+		}
+		res := c.Check(context.Background())
+		if res.Status != s.status || res.Reason != s.reason {
+			t.Fatalf("%s: got %s/%s (%s), want %s/%s", s.name, res.Status, res.Reason, res.Message, s.status, s.reason)
+		}
+		if !strings.Contains(res.Message, s.message) {
+			t.Errorf("%s: message\n  %s\nwant it to contain\n  %s", s.name, res.Message, s.message)
+		}
+	}
+}
+
+func TestDBusLazyConnectAndReconnect(t *testing.T) {
+	dir := socketDir(t)
+	socket := filepath.Join(dir, "bus.sock")
+	hz := okHealthz(t)
+	clock := newFakeClock()
+	var logs logBuffer
+	c := newTestCollector(t, Config{
+		DBusAddress: "unix:path=" + socket, HealthzURL: hz.URL, Now: clock.Now,
+		Timeout: 5 * time.Second, Logger: newTestLogger(&logs),
+	}, nil)
+
+	// No bus yet: verdict from healthz alone.
+	res := c.Check(context.Background())
+	if res.Reason != ReasonKubeletHealthy || !strings.Contains(res.Message, "socket missing; health from /healthz only") {
+		t.Fatalf("before the bus: %s %s", res.Reason, res.Message)
+	}
+	// The bus comes up; within the backoff the collector does not redial.
+	addr := startBus(t, socket)
+	if addr == "" {
+		t.Fatal("no address")
+	}
+	sd := startFakeSystemd(t, addr)
+	sd.set("failed", "failed", "exit-code", 0)
+	clock.Step(time.Second)
+	if res := c.Check(context.Background()); !strings.Contains(res.Message, "health from /healthz only") {
+		t.Fatalf("within the backoff: %s %s, want the cached bus failure", res.Reason, res.Message)
+	}
+	// After the backoff it connects and sees the failed unit.
+	clock.Step(busInitialBackoff)
+	if res := c.Check(context.Background()); res.Reason != ReasonKubeletUnitFailed {
+		t.Fatalf("after the backoff: %s %s, want %s", res.Reason, res.Message, ReasonKubeletUnitFailed)
+	}
+	if !strings.Contains(logs.String(), "systemd bus reachable again") {
+		t.Errorf("recovery not logged:\n%s", logs.String())
+	}
+}
+
+func TestDBusRepairer(t *testing.T) {
+	addr := startBus(t, filepath.Join(socketDir(t), "bus.sock"))
+	sd := startFakeSystemd(t, addr)
+	clock := newFakeClock()
+	r := newTestRepairer(t, RepairConfig{
+		DBusAddress: addr, InitialBackoff: time.Minute, MaxBackoff: 4 * time.Minute, MaxPerHour: 2, Now: clock.Now,
+	}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Unit running: nothing to do, whatever the (stale) result says.
+	if got, err := r.Repair(ctx, failedResult); err != nil || got.Reason != RepairNotNeeded {
+		t.Fatalf("running unit: %+v, %v; want NotNeeded", got, err)
+	}
+
+	sd.set("failed", "failed", "oom-kill", 2)
+	got, err := r.Repair(ctx, oomResult)
+	if err != nil || got != (RepairAttempt{Attempted: true, Reason: RepairRestarted, Attempt: 1, NextAllowed: clock.Now().Add(time.Minute)}) {
+		t.Fatalf("first restart: %+v, %v", got, err)
+	}
+	restarts, resets := sd.calls()
+	if len(restarts) != 1 || restarts[0] != "kubelet.service replace" || len(resets) != 1 || resets[0] != "kubelet.service" {
+		t.Fatalf("fake systemd saw restarts %q resets %q, want one reset-failed and one replace-mode restart of kubelet.service", restarts, resets)
+	}
+
+	// Dead again 30s later: backoff.
+	clock.Step(30 * time.Second)
+	sd.set("failed", "failed", "exit-code", 0)
+	if got, err := r.Repair(ctx, failedResult); err != nil || got.Reason != RepairBackoffActive || got.Attempted {
+		t.Fatalf("within backoff: %+v, %v; want BackoffActive", got, err)
+	}
+	// After the backoff: second restart, whose job fails.
+	clock.Step(30 * time.Second)
+	sd.mu.Lock()
+	sd.jobResult = "failed"
+	sd.mu.Unlock()
+	got, err = r.Repair(ctx, failedResult)
+	if err == nil || got.Reason != RepairRestartFailed || !got.Attempted || got.Attempt != 2 {
+		t.Fatalf("failing job: %+v, %v; want an attempted RestartFailed #2", got, err)
+	}
+	// Backoff elapsed, but two restarts this hour: capped.
+	clock.Step(3 * time.Minute)
+	if got, err := r.Repair(ctx, failedResult); err != nil || got.Reason != RepairHourlyCapReached {
+		t.Fatalf("over the cap: %+v, %v; want HourlyCapReached", got, err)
+	}
+	if restarts, _ := sd.calls(); len(restarts) != 2 {
+		t.Fatalf("fake systemd saw %d restarts, want 2", len(restarts))
+	}
+}
+
+// hungBus listens on a unix socket, accepts connections and never speaks D-Bus. closed
+// receives one value per client connection that the client side closed.
+func hungBus(t *testing.T) (socket string, closed <-chan struct{}) {
+	t.Helper()
+	socket = filepath.Join(socketDir(t), "hung.sock")
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	ch := make(chan struct{}, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 512)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						select {
+						case ch <- struct{}{}:
+						default:
+						}
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return socket, ch
+}
+
+// TestDBusHungBusIsBounded points the collector at a socket that accepts connections and
+// never speaks D-Bus: the authentication handshake blocks, and Check must still return
+// within its timeout, from /healthz alone.
+func TestDBusHungBusIsBounded(t *testing.T) {
+	socket, _ := hungBus(t)
+	const timeout = 300 * time.Millisecond
+	hz := okHealthz(t)
+	c := newTestCollector(t, Config{DBusAddress: "unix:path=" + socket, HealthzURL: hz.URL, Timeout: timeout}, nil)
+	start := time.Now()
+	res := c.Check(context.Background())
+	if elapsed := time.Since(start); elapsed > timeout+time.Second {
+		t.Errorf("Check took %s with a hung bus and Timeout %s", elapsed, timeout)
+	}
+	if res.Status != collectors.StatusHealthy || !strings.Contains(res.Message, "(systemd not reachable over D-Bus: timed out; health from /healthz only)") {
+		t.Fatalf("got %s/%s %q", res.Status, res.Reason, res.Message)
+	}
+}
+
+// TestDialSystemdAbandonsHungHandshake checks the dial itself (not only Check's guard):
+// it returns at its deadline and closes the connection it was authenticating on.
+func TestDialSystemdAbandonsHungHandshake(t *testing.T) {
+	socket, closed := hungBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	type result struct {
+		conn *sddbus.Conn
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := dialSystemd(ctx, "unix:path="+socket, context.Background())
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err == nil {
+			r.conn.Close()
+			t.Fatal("dialSystemd succeeded against a bus that never answers")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("dialSystemd did not return within 5s of a 200ms deadline")
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the abandoned handshake connection was not closed")
+	}
+}

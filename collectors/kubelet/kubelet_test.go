@@ -1,0 +1,416 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+var (
+	activeUnit = unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success"}
+	errNoBus   = classifyBusError(&syscallErr{syscall.ENOENT})
+)
+
+// syscallErr mimics the *net.OpError chain of a dial to a missing socket.
+type syscallErr struct{ errno syscall.Errno }
+
+func (e *syscallErr) Error() string {
+	return "dial unix /run/dbus/system_bus_socket: " + e.errno.Error()
+}
+func (e *syscallErr) Unwrap() error { return e.errno }
+
+func TestCheckVerdict(t *testing.T) {
+	tests := []struct {
+		name    string
+		unit    unitState
+		unitErr error
+		hzCode  int
+		hzBody  string
+		hzErr   error
+		status  collectors.Status
+		reason  string
+		message []string
+		wantErr bool
+	}{
+		{
+			name: "active and healthz ok", unit: activeUnit, hzCode: 200, hzBody: "ok",
+			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy,
+			message: []string{"kubelet.service active/running (NRestarts=0, Result=success), +0 restarts in 10m0s; kubelet /healthz 200 in "},
+		},
+		{
+			name: "failed by oom-kill", unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "oom-kill", NRestarts: 4},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletOOMKilled,
+			message: []string{"kubelet was killed by the kernel OOM killer: kubelet.service failed/failed (NRestarts=4, Result=oom-kill)", "connection refused"},
+		},
+		{
+			name: "auto-restarting after oom-kill", unit: unitState{LoadState: "loaded", ActiveState: "activating", SubState: "auto-restart", Result: "oom-kill", NRestarts: 1},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletOOMKilled,
+		},
+		{
+			name: "failed with exit code", unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code", NRestarts: 5},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitFailed,
+			message: []string{"kubelet unit failed: kubelet.service failed/failed (NRestarts=5, Result=exit-code)"},
+		},
+		{
+			name: "hit start limit", unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "start-limit-hit"},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitFailed,
+		},
+		{
+			name: "inactive", unit: unitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Result: "success"},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+			message: []string{"kubelet unit is not running: kubelet.service inactive/dead"},
+		},
+		{
+			name: "deactivating", unit: unitState{LoadState: "loaded", ActiveState: "deactivating", SubState: "stop-sigterm", Result: "success"},
+			hzCode: 200, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+		},
+		{
+			name: "active but healthz 500", unit: activeUnit, hzCode: 500, hzBody: "[-]syncloop failed\n",
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletHealthzFailed,
+			message: []string{`kubelet /healthz returned 500 in `, `"[-]syncloop failed" while kubelet.service active/running`},
+		},
+		{
+			name: "active but healthz refused", unit: activeUnit, hzErr: errConnRefused,
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletHealthzFailed,
+			message: []string{"/healthz failed after", "connection refused"},
+		},
+		{
+			name: "no bus, healthz ok", unitErr: errNoBus, hzCode: 200,
+			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy,
+			message: []string{"kubelet /healthz 200 in ", " (systemd not reachable over D-Bus: socket missing; health from /healthz only)"},
+		},
+		{
+			name: "no bus, healthz 503", unitErr: errNoBus, hzCode: 503,
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletHealthzFailed,
+			message: []string{"kubelet /healthz returned 503", "(systemd not reachable over D-Bus: socket missing; health from /healthz only)"},
+		},
+		{
+			name: "no bus, healthz refused", unitErr: errNoBus, hzErr: errConnRefused,
+			status: collectors.StatusUnknown, reason: ReasonKubeletUnobservable,
+			message: []string{"kubelet cannot be observed: systemd not reachable over D-Bus: socket missing, and /healthz failed after"},
+			wantErr: true,
+		},
+		{
+			name: "unit unknown to systemd, healthz ok", unit: unitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}, hzCode: 200,
+			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy,
+			message: []string{"(systemd has no unit kubelet.service; health from /healthz only)"},
+		},
+		{
+			name: "unit unknown to systemd, healthz refused", unit: unitState{LoadState: "not-found"}, hzErr: errConnRefused,
+			status: collectors.StatusUnknown, reason: ReasonKubeletUnobservable, wantErr: true,
+		},
+		{
+			name: "query failed, healthz refused", unitErr: &busError{Kind: kindQueryFailed, Err: errors.New("boom")}, hzErr: errConnRefused,
+			status: collectors.StatusUnknown, reason: ReasonKubeletUnobservable, wantErr: true,
+			message: []string{"kubelet cannot be observed: systemd query over D-Bus failed, and /healthz failed after"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newFakeClock()
+			units := &fakeUnits{}
+			units.set(tt.unit, tt.unitErr)
+			c := newTestCollector(t, Config{Now: clock.Now, HTTPClient: healthzClient(tt.hzCode, tt.hzBody, tt.hzErr)}, units)
+			res := c.Check(context.Background())
+			if res.Check != "kubelet" || !res.Time.Equal(clock.Now()) {
+				t.Errorf("Check/Time = %q/%v", res.Check, res.Time)
+			}
+			if res.Status != tt.status || res.Reason != tt.reason {
+				t.Fatalf("got %s/%s (%s), want %s/%s", res.Status, res.Reason, res.Message, tt.status, tt.reason)
+			}
+			for _, m := range tt.message {
+				if !strings.Contains(res.Message, m) {
+					t.Errorf("message\n  %s\nwant it to contain\n  %s", res.Message, m)
+				}
+			}
+			if (res.Err != nil) != tt.wantErr {
+				t.Errorf("Err = %v, want error: %v", res.Err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestCheckUnobservableWrapsNotSupported(t *testing.T) {
+	units := &fakeUnits{}
+	units.set(unitState{}, errNoBus)
+	c := newTestCollector(t, Config{HTTPClient: healthzClient(0, "", errConnRefused)}, units)
+	res := c.Check(context.Background())
+	if !errors.Is(res.Err, collectors.ErrNotSupported) {
+		t.Fatalf("Err = %v, want it to wrap collectors.ErrNotSupported (missing socket)", res.Err)
+	}
+}
+
+func TestRestartLoopAndOOMMemory(t *testing.T) {
+	type step struct {
+		advance time.Duration
+		unit    unitState
+		reason  string
+		message string
+	}
+	running := func(n uint32) unitState {
+		return unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success", NRestarts: n}
+	}
+	looping := func(n uint32) unitState {
+		return unitState{LoadState: "loaded", ActiveState: "activating", SubState: "auto-restart", Result: "exit-code", NRestarts: n}
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "three restarts within the window",
+			steps: []step{
+				{unit: running(0), reason: ReasonKubeletHealthy},
+				{advance: time.Minute, unit: running(1), reason: ReasonKubeletHealthy, message: "+1 restarts in 10m0s"},
+				{advance: time.Minute, unit: looping(2), reason: ReasonKubeletHealthzFailed},
+				{advance: time.Minute, unit: running(3), reason: ReasonKubeletRestartLoop, message: "kubelet restarted 3 times in 3m0s (threshold 3 in 10m0s)"},
+				{advance: 5 * time.Minute, unit: running(3), reason: ReasonKubeletRestartLoop},
+				// The window slides past the restarts: healthy again.
+				{advance: 10 * time.Minute, unit: running(3), reason: ReasonKubeletHealthy, message: "+0 restarts"},
+			},
+		},
+		{
+			name: "activating in a loop",
+			steps: []step{
+				{unit: looping(10), reason: ReasonKubeletHealthzFailed},
+				{advance: 20 * time.Second, unit: looping(11), reason: ReasonKubeletHealthzFailed},
+				{advance: 20 * time.Second, unit: looping(13), reason: ReasonKubeletRestartLoop, message: "restarted 3 times in 40s"},
+			},
+		},
+		{
+			name: "restarts spread wider than the window are not a loop",
+			steps: []step{
+				{unit: running(0), reason: ReasonKubeletHealthy},
+				{advance: 6 * time.Minute, unit: running(2), reason: ReasonKubeletHealthy},
+				{advance: 6 * time.Minute, unit: running(4), reason: ReasonKubeletHealthy, message: "+2 restarts"},
+			},
+		},
+		{
+			name: "counter reset starts the history over",
+			steps: []step{
+				{unit: running(5), reason: ReasonKubeletHealthy},
+				{advance: time.Minute, unit: running(0), reason: ReasonKubeletHealthy},
+				{advance: time.Minute, unit: running(2), reason: ReasonKubeletHealthy, message: "+2 restarts"},
+			},
+		},
+		{
+			name: "oom kill is remembered for one window",
+			steps: []step{
+				{unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "oom-kill"}, reason: ReasonKubeletOOMKilled},
+				{advance: time.Minute, unit: running(0), reason: ReasonKubeletOOMKilled, message: "kubelet was OOM-killed 1m0s ago (reported for 10m0s after a kill)"},
+				{advance: 8 * time.Minute, unit: running(0), reason: ReasonKubeletOOMKilled, message: "OOM-killed 9m0s ago"},
+				{advance: time.Minute, unit: running(0), reason: ReasonKubeletHealthy},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := newFakeClock()
+			units := &fakeUnits{}
+			c := newTestCollector(t, Config{Now: clock.Now}, units)
+			for i, s := range tt.steps {
+				clock.Step(s.advance)
+				units.set(s.unit, nil)
+				code := 200
+				if s.unit.ActiveState != "active" {
+					code = 0
+				}
+				var hzErr error
+				if code == 0 {
+					hzErr = errConnRefused
+				}
+				c.client = healthzClient(code, "ok", hzErr)
+				res := c.Check(context.Background())
+				if res.Reason != s.reason {
+					t.Fatalf("step %d: reason %s (%s), want %s", i, res.Reason, res.Message, s.reason)
+				}
+				if s.message != "" && !strings.Contains(res.Message, s.message) {
+					t.Errorf("step %d: message\n  %s\nwant it to contain\n  %s", i, res.Message, s.message)
+				}
+			}
+		})
+	}
+}
+
+func TestRestartHistoryIsBounded(t *testing.T) {
+	clock := newFakeClock()
+	c := newTestCollector(t, Config{Now: clock.Now, RestartLoopWindow: 24 * time.Hour, RestartLoopThreshold: 1 << 30}, &fakeUnits{})
+	for i := 0; i < 3*maxHistory; i++ {
+		clock.Step(time.Second)
+		c.observeRestarts(clock.Now(), uint32(i))
+	}
+	if len(c.history) > maxHistory {
+		t.Fatalf("history has %d entries, want at most %d", len(c.history), maxHistory)
+	}
+}
+
+// hangingUnits never answers and ignores ctx: the worst case Check must survive.
+type hangingUnits struct{ release chan struct{} }
+
+func (h hangingUnits) readUnit(context.Context) (unitState, error) {
+	<-h.release
+	return unitState{}, errors.New("released")
+}
+
+func TestCheckBoundedByTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	// A kubelet that accepts the connection and never answers.
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+	}))
+	defer hung.Close()
+
+	tests := []struct {
+		name   string
+		units  unitReader
+		limit  time.Duration
+		reason string
+		status collectors.Status
+		msg    string
+	}{
+		{
+			name: "hung kubelet, unit active", units: &fakeUnits{state: activeUnit},
+			limit: timeout + time.Second, status: collectors.StatusUnhealthy, reason: ReasonKubeletHealthzFailed,
+			msg: "/healthz accepted the connection but did not answer within",
+		},
+		{
+			name: "hung kubelet, no bus", units: &fakeUnits{err: errNoBus},
+			limit: timeout + time.Second, status: collectors.StatusUnhealthy, reason: ReasonKubeletHealthzFailed,
+			msg: "health from /healthz only",
+		},
+		{
+			name: "hung kubelet and a bus reader that ignores ctx", units: hangingUnits{release: make(chan struct{})},
+			limit: timeout + resultGrace + time.Second, status: collectors.StatusUnhealthy, reason: ReasonKubeletHealthzFailed,
+			msg: "systemd not reachable over D-Bus: timed out",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newTestCollector(t, Config{HealthzURL: hung.URL + "/healthz", Timeout: timeout}, tt.units)
+			if h, ok := tt.units.(hangingUnits); ok {
+				defer close(h.release)
+			}
+			start := time.Now()
+			res := c.Check(context.Background())
+			elapsed := time.Since(start)
+			if elapsed > tt.limit {
+				t.Errorf("Check took %s with Timeout %s, want at most %s", elapsed, timeout, tt.limit)
+			}
+			if res.Status != tt.status || res.Reason != tt.reason || !strings.Contains(res.Message, tt.msg) {
+				t.Errorf("got %s/%s %q, want %s/%s containing %q", res.Status, res.Reason, res.Message, tt.status, tt.reason, tt.msg)
+			}
+		})
+	}
+}
+
+func TestMissingSocketLogsOnce(t *testing.T) {
+	var logs logBuffer
+	clock := newFakeClock()
+	hz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	defer hz.Close()
+	c := newTestCollector(t, Config{
+		HostRoot:   t.TempDir(), // no run/dbus/system_bus_socket under it
+		HealthzURL: hz.URL,
+		Now:        clock.Now,
+		Logger:     newTestLogger(&logs),
+	}, nil)
+	for i := 0; i < 6; i++ {
+		res := c.Check(context.Background())
+		if res.Status != collectors.StatusHealthy || res.Reason != ReasonKubeletHealthy {
+			t.Fatalf("check %d: %s/%s %s", i, res.Status, res.Reason, res.Message)
+		}
+		if want := "(systemd not reachable over D-Bus: socket missing; health from /healthz only)"; !strings.HasSuffix(res.Message, want) {
+			t.Fatalf("check %d: message %q, want suffix %q", i, res.Message, want)
+		}
+		if res.Err != nil {
+			t.Fatalf("check %d: Err = %v, want nil (the verdict came from /healthz)", i, res.Err)
+		}
+		clock.Step(10 * time.Minute) // past any backoff: every check redials
+	}
+	if n := strings.Count(logs.String(), "systemd bus unreachable"); n != 1 {
+		t.Fatalf("logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), `reason="socket missing"`) {
+		t.Errorf("log does not name the reason:\n%s", logs.String())
+	}
+}
+
+func TestNewConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr string
+		check   func(t *testing.T, c *Collector)
+	}{
+		{
+			name: "defaults",
+			check: func(t *testing.T, c *Collector) {
+				if c.cfg.Unit != "kubelet.service" || c.cfg.HealthzURL != DefaultHealthzURL || c.cfg.Timeout != 2*time.Second ||
+					c.cfg.RestartLoopThreshold != 3 || c.cfg.RestartLoopWindow != 10*time.Minute ||
+					c.cfg.DBusAddress != "unix:path=/run/dbus/system_bus_socket" {
+					t.Errorf("defaults not applied: %+v", c.cfg)
+				}
+			},
+		},
+		{
+			name: "bus address follows HostRoot",
+			cfg:  Config{HostRoot: "/host"},
+			check: func(t *testing.T, c *Collector) {
+				if want := "unix:path=" + filepath.Join("/host", "run/dbus/system_bus_socket"); c.cfg.DBusAddress != want {
+					t.Errorf("DBusAddress = %q, want %q", c.cfg.DBusAddress, want)
+				}
+			},
+		},
+		{name: "not a service", cfg: Config{Unit: "kubelet"}, wantErr: "Config.Unit"},
+		{name: "bad url", cfg: Config{HealthzURL: "127.0.0.1:10248/healthz"}, wantErr: "Config.HealthzURL"},
+		{name: "negative timeout", cfg: Config{Timeout: -time.Second}, wantErr: "must not be negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := New(tt.cfg)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if c.Name() != "kubelet" {
+				t.Errorf("Name() = %q", c.Name())
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestClassifyBusError(t *testing.T) {
+	tests := []struct {
+		err  error
+		kind string
+	}{
+		{&syscallErr{syscall.ENOENT}, "socket missing"},
+		{&syscallErr{syscall.ECONNREFUSED}, "socket not accepting connections"},
+		{&syscallErr{syscall.EACCES}, "permission denied"},
+		{context.DeadlineExceeded, "timed out"},
+		{errors.New("dbus: authentication failed"), "connection failed"},
+	}
+	for _, tt := range tests {
+		if got := classifyBusError(tt.err); got.Kind != tt.kind || !errors.Is(got, tt.err) {
+			t.Errorf("classifyBusError(%v) = %q (unwraps: %v), want %q", tt.err, got.Kind, errors.Is(got, tt.err), tt.kind)
+		}
+	}
+}

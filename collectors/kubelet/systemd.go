@@ -1,0 +1,323 @@
+package kubelet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+// Reconnect backoff for the systemd bus. Checks run every few seconds; a host without a
+// reachable bus (no socket mounted, no systemd) is retried at most every five minutes so it
+// costs nothing, and a bus that went away briefly (systemd re-exec, dbus restart) is back
+// within seconds.
+const (
+	busInitialBackoff = 5 * time.Second
+	busMaxBackoff     = 5 * time.Minute
+)
+
+// kindQueryFailed is the busError kind of a connected bus whose property query failed.
+const kindQueryFailed = "query failed"
+
+// unitState is what systemd says about the kubelet unit.
+type unitState struct {
+	LoadState   string // loaded, not-found, masked, ...
+	ActiveState string // active, reloading, inactive, failed, activating, deactivating
+	SubState    string // running, auto-restart, dead, ...
+	Result      string // success, exit-code, signal, core-dump, oom-kill, start-limit-hit, ...
+	NRestarts   uint32 // automatic restarts since the unit was last started by hand
+}
+
+// busError says why systemd could not be asked. Kind is a short human phrase used in
+// messages ("socket missing"); it is also what "log once" keys on.
+type busError struct {
+	Kind string
+	Err  error
+}
+
+func (e *busError) Error() string {
+	return "systemd not reachable over D-Bus: " + e.Kind + ": " + e.Err.Error()
+}
+
+func (e *busError) Unwrap() error { return e.Err }
+
+// systemdBus owns one lazily opened go-systemd connection to a bus address, reconnects with
+// backoff when it breaks, and logs reachability only when it changes, so a node without a
+// bus socket produces one log line instead of one per check.
+type systemdBus struct {
+	addr   string
+	check  string
+	now    func() time.Time
+	logger *slog.Logger
+
+	// lifetime bounds every connection; cancelled by close.
+	lifetime context.Context
+	cancel   context.CancelFunc
+
+	// sem serialises connection management; a channel so waiting honours the caller's ctx.
+	sem       chan struct{}
+	conn      *sddbus.Conn
+	nextDial  time.Time
+	backoff   time.Duration
+	lastErr   *busError
+	loggedErr string // Kind of the last failure logged; "" after a success was logged
+	closed    bool
+}
+
+func newSystemdBus(addr, check string, now func() time.Time, logger *slog.Logger) *systemdBus {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &systemdBus{
+		addr:     addr,
+		check:    check,
+		now:      now,
+		logger:   logger,
+		lifetime: ctx,
+		cancel:   cancel,
+		sem:      make(chan struct{}, 1),
+	}
+}
+
+// get returns a live connection, dialling when there is none and the backoff allows. While
+// backing off it returns the last failure without touching the bus.
+func (b *systemdBus) get(ctx context.Context) (*sddbus.Conn, error) {
+	select {
+	case b.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, &busError{Kind: "timed out", Err: ctx.Err()}
+	}
+	defer func() { <-b.sem }()
+
+	if b.closed {
+		return nil, &busError{Kind: "closed", Err: errors.New("collector closed")}
+	}
+	if b.conn != nil {
+		if b.conn.Connected() {
+			return b.conn, nil
+		}
+		b.conn.Close()
+		b.conn = nil
+		b.logger.Warn("systemd bus connection lost", "check", b.check)
+	}
+	now := b.now()
+	if b.lastErr != nil && now.Before(b.nextDial) {
+		return nil, b.lastErr
+	}
+	conn, err := dialSystemd(ctx, b.addr, b.lifetime)
+	if err != nil {
+		berr := classifyBusError(err)
+		if b.backoff == 0 {
+			b.backoff = busInitialBackoff
+		} else {
+			b.backoff = min(2*b.backoff, busMaxBackoff)
+		}
+		b.nextDial = now.Add(b.backoff)
+		b.lastErr = berr
+		if b.loggedErr != berr.Kind {
+			b.loggedErr = berr.Kind
+			b.logger.Warn("systemd bus unreachable", "check", b.check, "reason", berr.Kind, "err", err)
+		}
+		return nil, berr
+	}
+	if b.loggedErr != "" {
+		b.logger.Info("systemd bus reachable again", "check", b.check)
+	}
+	b.conn, b.lastErr, b.loggedErr, b.backoff = conn, nil, "", 0
+	return conn, nil
+}
+
+// drop closes conn if it is still the current connection, so the next call redials. Called
+// after a failed call on a connection that no longer reports itself connected.
+func (b *systemdBus) drop(conn *sddbus.Conn) {
+	b.sem <- struct{}{}
+	defer func() { <-b.sem }()
+	if b.conn == conn && !conn.Connected() {
+		b.conn.Close()
+		b.conn = nil
+	}
+}
+
+func (b *systemdBus) close() error {
+	b.sem <- struct{}{}
+	defer func() { <-b.sem }()
+	b.closed = true
+	if b.conn != nil {
+		b.conn.Close()
+		b.conn = nil
+	}
+	b.cancel()
+	return nil
+}
+
+// dialSystemd opens a go-systemd connection (two bus connections: calls and signals) to addr,
+// bounded by ctx. godbus's Auth and Hello and go-systemd's AddMatch block without a context,
+// so the whole handshake runs in a goroutine and, if ctx ends first, the raw connections are
+// closed under it, which unblocks it; nothing outlives the call for long. The connections
+// themselves live until lifetime ends.
+func dialSystemd(ctx context.Context, addr string, lifetime context.Context) (*sddbus.Conn, error) {
+	var (
+		mu        sync.Mutex
+		raw       []*godbus.Conn
+		abandoned bool
+	)
+	dial := func() (*godbus.Conn, error) {
+		c, err := godbus.Dial(addr, godbus.WithContext(lifetime))
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		if abandoned {
+			mu.Unlock()
+			c.Close()
+			return nil, context.Canceled
+		}
+		raw = append(raw, c)
+		mu.Unlock()
+		// EXTERNAL with the numeric uid, like go-systemd itself: no user database lookup.
+		if err := c.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("authenticate: %w", err)
+		}
+		if err := c.Hello(); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("hello: %w", err)
+		}
+		return c, nil
+	}
+	type result struct {
+		conn *sddbus.Conn
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := sddbus.NewConnection(dial)
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		if ctx.Err() != nil || !r.conn.Connected() {
+			r.conn.Close()
+			return nil, errors.Join(ctx.Err(), errors.New("connection closed during handshake"))
+		}
+		return r.conn, nil
+	case <-ctx.Done():
+		mu.Lock()
+		abandoned = true
+		for _, c := range raw {
+			c.Close()
+		}
+		mu.Unlock()
+		go func() {
+			if r := <-done; r.conn != nil {
+				r.conn.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// classifyBusError names the failure in operator terms.
+func classifyBusError(err error) *busError {
+	kind := "connection failed"
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		kind = "socket missing"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		kind = "socket not accepting connections"
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		kind = "permission denied"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		kind = "timed out"
+	}
+	wrapped := err
+	if kind == "socket missing" {
+		// A host without the bus socket cannot provide this signal at all; the agent uses
+		// ErrNotSupported to avoid alerting on it every cycle.
+		wrapped = fmt.Errorf("%w: %w", collectors.ErrNotSupported, err)
+	}
+	return &busError{Kind: kind, Err: wrapped}
+}
+
+// systemdUnit reads and restarts one unit through a systemdBus.
+type systemdUnit struct {
+	bus  *systemdBus
+	unit string
+}
+
+// readUnit fetches the Unit and Service properties of the unit (two GetAll calls).
+func (s *systemdUnit) readUnit(ctx context.Context) (unitState, error) {
+	conn, err := s.bus.get(ctx)
+	if err != nil {
+		return unitState{}, err
+	}
+	u, err := conn.GetUnitPropertiesContext(ctx, s.unit)
+	if err != nil {
+		s.bus.drop(conn)
+		return unitState{}, &busError{Kind: kindQueryFailed, Err: fmt.Errorf("read properties of %s: %w", s.unit, err)}
+	}
+	st := unitState{
+		LoadState:   stringProp(u, "LoadState"),
+		ActiveState: stringProp(u, "ActiveState"),
+		SubState:    stringProp(u, "SubState"),
+	}
+	if st.LoadState == "not-found" {
+		return st, nil
+	}
+	svc, err := conn.GetUnitTypePropertiesContext(ctx, s.unit, "Service")
+	if err != nil {
+		s.bus.drop(conn)
+		return unitState{}, &busError{Kind: kindQueryFailed, Err: fmt.Errorf("read service properties of %s: %w", s.unit, err)}
+	}
+	st.Result = stringProp(svc, "Result")
+	if n, ok := svc["NRestarts"].(uint32); ok {
+		st.NRestarts = n
+	}
+	return st, nil
+}
+
+// restartUnit clears a failed state (so a unit that hit its start limit can start again)
+// and restarts the unit in "replace" mode, waiting for the job to finish. It returns the
+// job result: done, canceled, timeout, failed, dependency or skipped.
+func (s *systemdUnit) restartUnit(ctx context.Context, resetFailed bool) (string, error) {
+	conn, err := s.bus.get(ctx)
+	if err != nil {
+		return "", err
+	}
+	if resetFailed {
+		if err := conn.ResetFailedUnitContext(ctx, s.unit); err != nil {
+			s.bus.logger.Warn("reset-failed before restart failed", "check", s.bus.check, "err", err)
+		}
+	}
+	// Buffered: go-systemd writes the result while holding its job lock, and we may have
+	// stopped listening when ctx ended.
+	ch := make(chan string, 1)
+	if _, err := conn.RestartUnitContext(ctx, s.unit, "replace", ch); err != nil {
+		s.bus.drop(conn)
+		return "", fmt.Errorf("restart %s: %w", s.unit, err)
+	}
+	select {
+	case res := <-ch:
+		return res, nil
+	case <-ctx.Done():
+		return "", fmt.Errorf("wait for restart job of %s: %w", s.unit, ctx.Err())
+	}
+}
+
+func (s *systemdUnit) close() error { return s.bus.close() }
+
+func stringProp(m map[string]any, name string) string {
+	s, _ := m[name].(string)
+	return s
+}

@@ -1,0 +1,473 @@
+// Package memory is the node memory-pressure check of nodevigil. It exists because the usual
+// way a Kubernetes node goes silent is memory pressure: the kernel OOM-kills the kubelet and the
+// node turns Ready=Unknown. The check sees the pressure coming, from the host itself.
+//
+// # Signals
+//
+// The primary signal is pressure stall information (PSI): the share of time every non-idle
+// task was stalled waiting for memory ("full avg10"). It is read from the node-wide
+// <HostRoot>/proc/pressure/memory (through prometheus/procfs) and, when present, from the cgroup
+// v2 memory.pressure file of the kubelet's pod cgroup (kubepods.slice with the systemd cgroup
+// driver, kubepods with cgroupfs). The two are combined by taking the worse: the node-wide value
+// sees stalls of the kubelet and system daemons, the kubepods value sees the pods as a whole
+// running out of allocatable memory while reserved memory keeps the node-wide value calm.
+//
+// The secondary signal is MemAvailable against MemTotal from <HostRoot>/proc/meminfo.
+//
+// # Verdict and defaults
+//
+// The node turns Unhealthy when, for at least EnterAfter (default 30s, as systemd-oomd), every
+// check saw full avg10 >= PSIFullEnterPercent (default 25%) or MemAvailable below its enter
+// level (default the smaller of 5% of MemTotal and 1 GiB; the absolute cap keeps large,
+// densely packed nodes from being called unhealthy at tens of GiB free). It turns Healthy again
+// only when, for at least ExitAfter (default 2m), every check saw full avg10 below
+// PSIFullExitPercent (default 10%) and MemAvailable at or above its exit level (default the
+// smaller of 10% and 2 GiB). Readings between the levels keep the current verdict. The first
+// verdict after start is Healthy, so a node already under pressure is reported after
+// EnterAfter like any other.
+//
+// # Kernels without PSI
+//
+// When the kernel has no memory PSI (Amazon Linux 2 with kernel 4.14, psi=0, CONFIG_PSI off)
+// the verdict falls back to meminfo alone and the Message says so. This is logged once, with
+// reason PSIUnsupported, not on every check, and Result.Err stays nil: it is a property of the
+// host, not a failure. If meminfo cannot be read either, the result is Unknown with reason
+// MeminfoUnreadable.
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+// Name is the check name the memory collector reports under.
+const Name = "memory"
+
+// Reasons of memory results. They are stable: they become Node condition reasons and alert
+// labels.
+const (
+	// ReasonNoMemoryPressure: memory PSI and MemAvailable are within their levels.
+	ReasonNoMemoryPressure = "NoMemoryPressure"
+	// ReasonMemoryPressure: tasks are stalling on memory (PSI at or past its level).
+	ReasonMemoryPressure = "MemoryPressure"
+	// ReasonLowMemoryAvailable: MemAvailable is below its level while PSI is not (or the kernel
+	// has no PSI).
+	ReasonLowMemoryAvailable = "LowMemoryAvailable"
+	// ReasonPSIUnreadable: a PSI file exists but could not be read or parsed.
+	ReasonPSIUnreadable = "PSIUnreadable"
+	// ReasonMeminfoUnreadable: /proc/meminfo could not be read or parsed, or lacks
+	// MemTotal/MemAvailable.
+	ReasonMeminfoUnreadable = "MeminfoUnreadable"
+	// ReasonCheckCanceled: the caller's context was done before the check ran.
+	ReasonCheckCanceled = "CheckCanceled"
+	// ReasonPSIUnsupported is the log reason (not a Result reason) used once when the kernel
+	// has no memory PSI and the verdict falls back to meminfo.
+	ReasonPSIUnsupported = "PSIUnsupported"
+)
+
+// Defaults. They are deliberately conservative: a false "unhealthy" on a busy but working node
+// costs more trust than a verdict that arrives half a minute later.
+const (
+	DefaultPSIFullEnterPercent   = 25.0
+	DefaultPSIFullExitPercent    = 10.0
+	DefaultAvailableEnterPercent = 5.0
+	DefaultAvailableExitPercent  = 10.0
+	DefaultAvailableEnterBytes   = 1 << 30
+	DefaultAvailableExitBytes    = 2 << 30
+	DefaultEnterAfter            = 30 * time.Second
+	DefaultExitAfter             = 2 * time.Minute
+)
+
+// Config configures the memory check. Zero values select the documented defaults, so callers
+// set only what they mean to change.
+type Config struct {
+	// HostRoot is where the host's filesystem is mounted in the agent's container; "/" when
+	// empty. /proc and /sys/fs/cgroup are read below it.
+	HostRoot string
+	// Now is the clock; time.Now when nil. Tests pass a fake to drive the hysteresis.
+	Now func() time.Time
+	// Logger receives the rare state messages (PSI unsupported); slog.Default() when nil.
+	Logger *slog.Logger
+
+	// PSIFullEnterPercent is the "full avg10" level, in percent, at or above which the node is
+	// under memory pressure. Negative disables the PSI rule (PSI is then not read).
+	PSIFullEnterPercent float64
+	// PSIFullExitPercent is the "full avg10" level below which the pressure is over. It must
+	// not exceed PSIFullEnterPercent.
+	PSIFullExitPercent float64
+
+	// AvailableEnterPercent and AvailableEnterBytes set the MemAvailable level below which the
+	// node is short of memory: the smaller of the percentage of MemTotal and the byte count.
+	// A negative AvailableEnterPercent disables the meminfo rule while PSI is available; on
+	// a kernel without PSI meminfo is still judged, then with the default percentage.
+	AvailableEnterPercent float64
+	AvailableEnterBytes   uint64
+	// AvailableExitPercent and AvailableExitBytes set the MemAvailable level (the smaller of
+	// the two) at or above which the shortage is over. Each must be at least its enter
+	// counterpart.
+	AvailableExitPercent float64
+	AvailableExitBytes   uint64
+
+	// EnterAfter is how long the readings must stay at or past an enter level before the
+	// verdict turns Unhealthy.
+	EnterAfter time.Duration
+	// ExitAfter is how long the readings must stay below every exit level before the verdict
+	// turns Healthy again.
+	ExitAfter time.Duration
+}
+
+// Collector is the memory check. It keeps the verdict between calls (that is what the
+// hysteresis needs), so one Collector must be used for the life of the agent. Check is safe
+// for concurrent use.
+type Collector struct {
+	hostRoot string
+	now      func() time.Time
+	log      *slog.Logger
+
+	psiEnabled, memEnabled bool
+	psiEnter, psiExit      float64
+	availEnterPct          float64
+	availExitPct           float64
+	availEnterBytes        uint64
+	availExitBytes         uint64
+
+	mu      sync.Mutex
+	proc    procfs.FS
+	procOK  bool
+	state   hysteresis
+	cause   string // reason recorded when the verdict last turned unhealthy
+	psiLost bool   // the PSI-unsupported message has been logged
+}
+
+// New validates cfg, fills defaults and returns a Collector. It does not touch the host, so a
+// missing mount shows up as Unknown results rather than a failed start.
+func New(cfg Config) (*Collector, error) {
+	c := &Collector{
+		hostRoot:        cfg.HostRoot,
+		now:             cfg.Now,
+		log:             cfg.Logger,
+		psiEnter:        orDefault(cfg.PSIFullEnterPercent, DefaultPSIFullEnterPercent),
+		psiExit:         orDefault(cfg.PSIFullExitPercent, DefaultPSIFullExitPercent),
+		availEnterPct:   orDefault(cfg.AvailableEnterPercent, DefaultAvailableEnterPercent),
+		availExitPct:    orDefault(cfg.AvailableExitPercent, DefaultAvailableExitPercent),
+		availEnterBytes: orDefault(cfg.AvailableEnterBytes, DefaultAvailableEnterBytes),
+		availExitBytes:  orDefault(cfg.AvailableExitBytes, DefaultAvailableExitBytes),
+	}
+	if c.hostRoot == "" {
+		c.hostRoot = "/"
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	// A disabled rule keeps the default enter level: the meminfo levels still serve as the
+	// fallback on kernels without PSI, and validation below stays meaningful.
+	c.psiEnabled = !(cfg.PSIFullEnterPercent < 0)
+	if !c.psiEnabled {
+		c.psiEnter = DefaultPSIFullEnterPercent
+	}
+	c.memEnabled = !(cfg.AvailableEnterPercent < 0)
+	if !c.memEnabled {
+		c.availEnterPct = DefaultAvailableEnterPercent
+	}
+	if !c.psiEnabled && !c.memEnabled {
+		return nil, errors.New("memory: both PSIFullEnterPercent and AvailableEnterPercent are negative; enable at least one rule")
+	}
+	if math.IsNaN(c.psiEnter) || c.psiEnter > 100 {
+		return nil, fmt.Errorf("memory: PSIFullEnterPercent %v must be between 0 and 100", cfg.PSIFullEnterPercent)
+	}
+	if math.IsNaN(c.psiExit) || c.psiExit < 0 || c.psiExit > c.psiEnter {
+		return nil, fmt.Errorf("memory: PSIFullExitPercent %v must be between 0 and PSIFullEnterPercent (%v)", c.psiExit, c.psiEnter)
+	}
+	if math.IsNaN(c.availEnterPct) || c.availEnterPct > 100 {
+		return nil, fmt.Errorf("memory: AvailableEnterPercent %v must be between 0 and 100", cfg.AvailableEnterPercent)
+	}
+	if math.IsNaN(c.availExitPct) || c.availExitPct < c.availEnterPct || c.availExitPct > 100 {
+		return nil, fmt.Errorf("memory: AvailableExitPercent %v must be between AvailableEnterPercent (%v) and 100", c.availExitPct, c.availEnterPct)
+	}
+	if c.availExitBytes < c.availEnterBytes {
+		return nil, fmt.Errorf("memory: AvailableExitBytes %d must be at least AvailableEnterBytes (%d)", c.availExitBytes, c.availEnterBytes)
+	}
+	if cfg.EnterAfter < 0 || cfg.ExitAfter < 0 {
+		return nil, fmt.Errorf("memory: EnterAfter (%v) and ExitAfter (%v) must not be negative", cfg.EnterAfter, cfg.ExitAfter)
+	}
+	c.state = hysteresis{
+		enterAfter: orDefault(cfg.EnterAfter, DefaultEnterAfter),
+		exitAfter:  orDefault(cfg.ExitAfter, DefaultExitAfter),
+	}
+	return c, nil
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Name returns "memory".
+func (c *Collector) Name() string { return Name }
+
+// reading is what one check observed, before any verdict.
+type reading struct {
+	psiOK       bool    // a PSI value is available
+	psiFull     float64 // worst full avg10 over the sources read
+	psiAvg60    float64 // full avg60 of the same source
+	psiSource   string  // "node" or "kubepods": where psiFull came from
+	nodeFull    float64
+	nodeOK      bool
+	podsFull    float64
+	podsOK      bool
+	unsupported error // non-nil when the kernel has no memory PSI
+
+	memOK        bool
+	availBytes   uint64
+	totalBytes   uint64
+	availPercent float64
+}
+
+// Check reads memory PSI and meminfo once, advances the hysteresis and returns the verdict.
+// Failing reads give StatusUnknown with Err set and leave the verdict as it was.
+func (c *Collector) Check(ctx context.Context) collectors.Result {
+	now := c.now()
+	res := collectors.Result{Check: Name, Time: now}
+	if err := ctx.Err(); err != nil {
+		res.Status, res.Reason, res.Err = collectors.StatusUnknown, ReasonCheckCanceled, err
+		res.Message = "memory check canceled before it ran"
+		return res
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	r, reason, err := c.read()
+	if err != nil {
+		c.state.reset()
+		res.Status, res.Reason, res.Err = collectors.StatusUnknown, reason, err
+		res.Message = err.Error()
+		return res
+	}
+	c.noteSupport(r.unsupported)
+
+	breach, clear, cause := c.judge(r)
+	if c.state.observe(now, breach, clear) && c.state.unhealthy {
+		c.cause = cause
+	}
+	res.Status, res.Reason = collectors.StatusHealthy, ReasonNoMemoryPressure
+	if c.state.unhealthy {
+		res.Status, res.Reason = collectors.StatusUnhealthy, c.cause
+		if cause != "" {
+			// Report what is wrong now; fall back to the cause recorded on entry while
+			// recovering (all readings between the levels).
+			res.Reason = cause
+		}
+	}
+	res.Message = c.message(now, r)
+	return res
+}
+
+// read gathers meminfo and the PSI sources. The returned reason names the first source that
+// failed; unsupported PSI is not a failure.
+func (c *Collector) read() (reading, string, error) {
+	var r reading
+	if !c.procOK {
+		p, err := procfs.NewFS(filepath.Join(c.hostRoot, "proc"))
+		if err != nil {
+			return r, ReasonMeminfoUnreadable, fmt.Errorf("memory: open proc under host root %q: %w", c.hostRoot, err)
+		}
+		c.proc, c.procOK = p, true
+	}
+
+	if c.psiEnabled {
+		if err := c.readPSI(&r); err != nil {
+			return r, ReasonPSIUnreadable, err
+		}
+	}
+	if c.memEnabled || !r.psiOK {
+		if err := c.readMeminfo(&r); err != nil {
+			if r.unsupported != nil {
+				err = fmt.Errorf("%w (and memory PSI is unsupported by this kernel)", err)
+			}
+			return r, ReasonMeminfoUnreadable, err
+		}
+	}
+	return r, "", nil
+}
+
+func (c *Collector) readPSI(r *reading) error {
+	var nodeUnsupported error
+	p, err := c.proc.PSIStatsForResource("memory")
+	switch {
+	case err == nil:
+		st, err := fromProcfs(p)
+		if err == nil && !st.HasFull {
+			err = errors.New(`no "full" line`)
+		}
+		if err != nil {
+			return fmt.Errorf("memory: parse /proc/pressure/memory: %w", err)
+		}
+		r.nodeOK, r.nodeFull = true, st.Full.Avg10
+		r.psiOK, r.psiFull, r.psiAvg60, r.psiSource = true, st.Full.Avg10, st.Full.Avg60, "node"
+	case isUnsupported(err):
+		nodeUnsupported = fmt.Errorf("%w: %w", errPSIUnsupported, err)
+	default:
+		return fmt.Errorf("memory: read /proc/pressure/memory: %w", err)
+	}
+
+	path, st, err := readKubepodsPSI(c.hostRoot)
+	switch {
+	case path == "":
+		// No pod cgroup with PSI (cgroup v1, or not created yet): node-wide only.
+	case errors.Is(err, errPSIUnsupported):
+		// PSI switched off for this cgroup only; the node-wide value still stands.
+	case err == nil && !st.HasFull:
+		return fmt.Errorf("memory: parse %s: no \"full\" line", path)
+	case err != nil:
+		return fmt.Errorf("memory: read %s: %w", path, err)
+	default:
+		r.podsOK, r.podsFull = true, st.Full.Avg10
+		if !r.psiOK || st.Full.Avg10 > r.psiFull {
+			r.psiOK, r.psiFull, r.psiAvg60, r.psiSource = true, st.Full.Avg10, st.Full.Avg60, "kubepods"
+		}
+	}
+	if !r.psiOK {
+		r.unsupported = nodeUnsupported
+	}
+	return nil
+}
+
+func (c *Collector) readMeminfo(r *reading) error {
+	m, err := c.proc.Meminfo()
+	if err != nil {
+		return fmt.Errorf("memory: read /proc/meminfo: %w", err)
+	}
+	switch {
+	case m.MemTotalBytes == nil || *m.MemTotalBytes == 0:
+		return errors.New("memory: /proc/meminfo has no usable MemTotal")
+	case m.MemAvailableBytes == nil:
+		return errors.New("memory: /proc/meminfo has no MemAvailable (kernel older than 3.14?)")
+	case *m.MemAvailableBytes > *m.MemTotalBytes:
+		return fmt.Errorf("memory: /proc/meminfo MemAvailable %d exceeds MemTotal %d", *m.MemAvailableBytes, *m.MemTotalBytes)
+	}
+	r.memOK = true
+	r.availBytes, r.totalBytes = *m.MemAvailableBytes, *m.MemTotalBytes
+	r.availPercent = 100 * float64(r.availBytes) / float64(r.totalBytes)
+	return nil
+}
+
+// noteSupport logs, once per change, that the verdict is falling back to meminfo.
+func (c *Collector) noteSupport(unsupported error) {
+	switch {
+	case unsupported != nil && !c.psiLost:
+		c.psiLost = true
+		c.log.Warn("memory pressure stall information unavailable, judging by meminfo alone",
+			"check", Name, "reason", ReasonPSIUnsupported, "err", unsupported)
+	case unsupported == nil && c.psiLost:
+		c.psiLost = false
+		c.log.Info("memory pressure stall information available again", "check", Name)
+	}
+}
+
+// levels returns the MemAvailable enter and exit levels for a node of the given size.
+func (c *Collector) levels(total uint64) (enter, exit uint64) {
+	enter = min(uint64(float64(total)*c.availEnterPct/100), c.availEnterBytes)
+	exit = min(uint64(float64(total)*c.availExitPct/100), c.availExitBytes)
+	return enter, exit
+}
+
+// judge turns one reading into the inputs of the hysteresis, and the reason that applies if
+// the node is (or becomes) unhealthy because of it: the most severe finding wins, PSI before
+// meminfo at the same severity because stalls are what hurt the kubelet.
+func (c *Collector) judge(r reading) (breach, clear bool, cause string) {
+	psi := c.psiEnabled && r.psiOK
+	// Meminfo is judged when its rule is on, and also when it is all there is.
+	mem := r.memOK && (c.memEnabled || !r.psiOK)
+	var enter, exit uint64
+	if mem {
+		enter, exit = c.levels(r.totalBytes)
+	}
+	switch {
+	case psi && r.psiFull >= c.psiEnter:
+		return true, false, ReasonMemoryPressure
+	case mem && r.availBytes < enter:
+		return true, false, ReasonLowMemoryAvailable
+	case psi && r.psiFull >= c.psiExit:
+		return false, false, ReasonMemoryPressure
+	case mem && r.availBytes < exit:
+		return false, false, ReasonLowMemoryAvailable
+	}
+	return false, true, ""
+}
+
+// message renders the observed values, the levels they were judged against and any pending
+// change, so `kubectl describe node` needs nothing else.
+func (c *Collector) message(now time.Time, r reading) string {
+	var b strings.Builder
+	switch {
+	case r.psiOK:
+		fmt.Fprintf(&b, "memory PSI full avg10=%.2f%% avg60=%.2f%%", r.psiFull, r.psiAvg60)
+		if r.nodeOK && r.podsOK {
+			other, otherVal := "node", r.nodeFull
+			if r.psiSource == "node" {
+				other, otherVal = "kubepods", r.podsFull
+			}
+			fmt.Fprintf(&b, " from %s (%s %.2f%%)", r.psiSource, other, otherVal)
+		} else {
+			fmt.Fprintf(&b, " from %s", r.psiSource)
+		}
+		fmt.Fprintf(&b, " (enter %s%%, exit %s%%)", fmtPct(c.psiEnter), fmtPct(c.psiExit))
+	case r.unsupported != nil:
+		b.WriteString("memory PSI unsupported by this kernel, judging by meminfo alone")
+	default:
+		b.WriteString("memory PSI not judged")
+	}
+	if r.memOK {
+		enter, exit := c.levels(r.totalBytes)
+		fmt.Fprintf(&b, ", MemAvailable %s of %s (%.1f%%; enter below %s, exit at %s)",
+			fmtBytes(r.availBytes), fmtBytes(r.totalBytes), r.availPercent, fmtBytes(enter), fmtBytes(exit))
+	}
+	if elapsed, need, ok := c.state.pending(now); ok {
+		to := "unhealthy"
+		if c.state.unhealthy {
+			to = "healthy"
+		}
+		fmt.Fprintf(&b, "; %s in %v unless readings change (%v of %v)", to, (need - elapsed).Round(time.Second), elapsed.Round(time.Second), need)
+	}
+	return b.String()
+}
+
+// fmtPct prints a threshold without trailing zeros: 25, 2.5.
+func fmtPct(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// fmtBytes prints a byte count with binary units as kubectl does: 312Mi, 7.6Gi.
+func fmtBytes(n uint64) string {
+	const units = "KMGTPE"
+	if n < 1024 {
+		return fmt.Sprintf("%dB", n)
+	}
+	v := float64(n)
+	i := -1
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	if v < 10 {
+		return fmt.Sprintf("%.1f%ci", v, units[i])
+	}
+	return fmt.Sprintf("%.0f%ci", v, units[i])
+}

@@ -1,0 +1,483 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestCheckFixtures runs the check twice over each fixture host root, EnterAfter apart, so
+// that each case shows both the first (hysteresis-held) result and the settled verdict.
+func TestCheckFixtures(t *testing.T) {
+	tests := []struct {
+		name      string
+		host      string // under testdata/hosts, or absolute
+		cfg       func(*Config)
+		first     collectors.Status // status of the first check
+		status    collectors.Status // status once EnterAfter has passed
+		reason    string
+		msg       []string // substrings of the settled message
+		wantErr   bool
+		errIsNote error // if set, errors.Is(res.Err, errIsNote) must hold
+	}{
+		{
+			name: "healthy", host: "healthy",
+			first: collectors.StatusHealthy, status: collectors.StatusHealthy, reason: ReasonNoMemoryPressure,
+			msg: []string{"full avg10=0.50% avg60=0.20% from node (enter 25%, exit 10%)", "MemAvailable 5.0Gi of 7.6Gi (65.8%; enter below 389Mi, exit at 779Mi)"},
+		},
+		{
+			name: "node PSI over enter level", host: "pressure",
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonMemoryPressure,
+			msg: []string{"full avg10=32.10% avg60=20.00% from node (enter 25%, exit 10%)"},
+		},
+		{
+			name: "MemAvailable under enter level", host: "lowmem",
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonLowMemoryAvailable,
+			msg: []string{"MemAvailable 312Mi of 7.6Gi (4.0%; enter below 389Mi, exit at 779Mi)"},
+		},
+		{
+			name: "no PSI falls back to meminfo", host: "no-psi",
+			first: collectors.StatusHealthy, status: collectors.StatusHealthy, reason: ReasonNoMemoryPressure,
+			msg: []string{"memory PSI unsupported by this kernel, judging by meminfo alone", "MemAvailable 5.0Gi"},
+		},
+		{
+			name: "no PSI and low memory", host: "no-psi-lowmem",
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonLowMemoryAvailable,
+			msg: []string{"PSI unsupported", "MemAvailable 312Mi"},
+		},
+		{
+			name: "no PSI, meminfo rule disabled, still judged by meminfo", host: "no-psi-lowmem",
+			cfg:   func(c *Config) { c.AvailableEnterPercent = -1 },
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonLowMemoryAvailable,
+			msg: []string{"PSI unsupported", "(4.0%; enter below 389Mi, exit at 779Mi)"},
+		},
+		{
+			name: "PSI rule disabled", host: "pressure",
+			cfg:   func(c *Config) { c.PSIFullEnterPercent = -1 },
+			first: collectors.StatusHealthy, status: collectors.StatusHealthy, reason: ReasonNoMemoryPressure,
+			msg: []string{"memory PSI not judged", "MemAvailable 5.0Gi"},
+		},
+		{
+			name: "meminfo rule disabled ignores low memory", host: "lowmem",
+			cfg:   func(c *Config) { c.AvailableEnterPercent = -1 },
+			first: collectors.StatusHealthy, status: collectors.StatusHealthy, reason: ReasonNoMemoryPressure,
+			msg: []string{"full avg10=0.00%"},
+		},
+		{
+			name: "kubepods.slice (systemd driver) worse than node", host: "kubepods-systemd",
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonMemoryPressure,
+			msg: []string{"full avg10=41.25% avg60=30.00% from kubepods (node 1.50%)"},
+		},
+		{
+			name: "kubepods (cgroupfs driver) worse than node", host: "kubepods-cgroupfs",
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonMemoryPressure,
+			msg: []string{"full avg10=27.00% avg60=27.00% from kubepods (node 1.50%)"},
+		},
+		{
+			name: "node worse than kubepods", host: "kubepods-calm",
+			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonMemoryPressure,
+			msg: []string{"full avg10=30.00% avg60=30.00% from node (kubepods 0.50%)"},
+		},
+		{
+			name: "malformed node PSI", host: "malformed-psi",
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonPSIUnreadable,
+			msg: []string{"/proc/pressure/memory"}, wantErr: true,
+		},
+		{
+			name: "empty node PSI", host: "empty-psi",
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonPSIUnreadable,
+			msg: []string{"/proc/pressure/memory"}, wantErr: true,
+		},
+		{
+			name: "NaN in node PSI", host: "nan-psi",
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonPSIUnreadable,
+			msg: []string{"not a percentage"}, wantErr: true,
+		},
+		{
+			name: "malformed kubepods PSI", host: "kubepods-malformed",
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonPSIUnreadable,
+			msg: []string{"/sys/fs/cgroup/kubepods.slice/memory.pressure", "full line"}, wantErr: true,
+		},
+		{
+			name: "malformed meminfo", host: "malformed-meminfo",
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonMeminfoUnreadable,
+			msg: []string{"/proc/meminfo"}, wantErr: true,
+		},
+		{
+			name: "meminfo without MemAvailable", host: "no-memavailable",
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonMeminfoUnreadable,
+			msg: []string{"no MemAvailable"}, wantErr: true,
+		},
+		{
+			name: "no proc under host root", host: filepath.Join(os.TempDir(), "nodevigil-memory-test-does-not-exist"),
+			first: collectors.StatusUnknown, status: collectors.StatusUnknown, reason: ReasonMeminfoUnreadable,
+			msg: []string{"open proc under host root"}, wantErr: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			host := tt.host
+			if !filepath.IsAbs(host) {
+				host = filepath.Join("testdata", "hosts", host)
+			}
+			clk := testingclock.NewFakePassiveClock(t0)
+			cfg := Config{HostRoot: host, Now: clk.Now, Logger: discardLogger()}
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
+			}
+			c, err := New(cfg)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+
+			first := c.Check(context.Background())
+			if first.Status != tt.first {
+				t.Errorf("first check: status %s (%s: %s), want %s", first.Status, first.Reason, first.Message, tt.first)
+			}
+			clk.SetTime(t0.Add(DefaultEnterAfter))
+			res := c.Check(context.Background())
+
+			if res.Check != "memory" || c.Name() != "memory" {
+				t.Errorf("check name %q / %q, want memory", res.Check, c.Name())
+			}
+			if !res.Time.Equal(t0.Add(DefaultEnterAfter)) {
+				t.Errorf("time %v, want the fake clock's %v", res.Time, t0.Add(DefaultEnterAfter))
+			}
+			if res.Status != tt.status || res.Reason != tt.reason {
+				t.Errorf("got %s/%s (%s), want %s/%s", res.Status, res.Reason, res.Message, tt.status, tt.reason)
+			}
+			if (res.Err != nil) != tt.wantErr {
+				t.Errorf("err = %v, want error: %v", res.Err, tt.wantErr)
+			}
+			if res.Status == collectors.StatusUnknown && res.Err == nil {
+				t.Errorf("unknown result without Err")
+			}
+			for _, s := range tt.msg {
+				if !strings.Contains(res.Message, s) {
+					t.Errorf("message %q does not contain %q", res.Message, s)
+				}
+			}
+		})
+	}
+}
+
+// step is one check in a hysteresis scenario: the clock moves by advance, the host files are
+// rewritten, then the check runs.
+type step struct {
+	advance time.Duration
+	full10  float64 // node PSI full avg10
+	availPc float64 // MemAvailable in percent of MemTotal
+	psiText string  // if set, written verbatim to /proc/pressure/memory instead
+	status  collectors.Status
+	reason  string
+}
+
+const totalKB = 8 << 20 // an 8 GiB node: 5% = 410Mi, 10% = 819Mi, both below the byte caps
+
+func writeHost(t *testing.T, root string, s step) {
+	t.Helper()
+	psi := s.psiText
+	if psi == "" {
+		psi = fmt.Sprintf("some avg10=%.2f avg60=0.00 avg300=0.00 total=1\nfull avg10=%.2f avg60=0.00 avg300=0.00 total=1\n", s.full10, s.full10)
+	}
+	avail := uint64(float64(totalKB) * s.availPc / 100)
+	meminfo := fmt.Sprintf("MemTotal: %d kB\nMemFree: %d kB\nMemAvailable: %d kB\n", totalKB, avail, avail)
+	for name, data := range map[string]string{"proc/pressure/memory": psi, "proc/meminfo": meminfo} {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// repeat returns n copies of s, for "hold this reading for a while".
+func repeat(n int, s step) []step {
+	out := make([]step, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+func concat(parts ...[]step) []step {
+	var out []step
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+const (
+	healthy   = collectors.StatusHealthy
+	unhealthy = collectors.StatusUnhealthy
+	unknown   = collectors.StatusUnknown
+)
+
+// becomeUnhealthy drives a fresh collector (checks every 10s, EnterAfter 30s) into the
+// unhealthy verdict through PSI.
+var becomeUnhealthy = []step{
+	{full10: 40, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+	{advance: 10 * time.Second, full10: 40, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+	{advance: 10 * time.Second, full10: 40, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+	{advance: 10 * time.Second, full10: 40, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+}
+
+func TestHysteresis(t *testing.T) {
+	const tick = 10 * time.Second
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name:  "enters only after the minimum duration",
+			steps: becomeUnhealthy,
+		},
+		{
+			name: "reading between the levels restarts the enter clock",
+			steps: []step{
+				{full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 24, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+			},
+		},
+		{
+			name: "no flapping around the enter level",
+			steps: func() []step {
+				var s []step
+				for i := range 30 {
+					v := 24.0
+					if i%2 == 0 {
+						v = 26
+					}
+					s = append(s, step{advance: tick, full10: v, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure})
+				}
+				return s
+			}(),
+		},
+		{
+			name: "no flapping around the exit level",
+			steps: concat(becomeUnhealthy, func() []step {
+				var s []step
+				for i := range 30 {
+					v := 9.0
+					if i%2 == 0 {
+						v = 11
+					}
+					s = append(s, step{advance: tick, full10: v, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure})
+				}
+				return s
+			}()),
+		},
+		{
+			name: "between the levels stays unhealthy; exits only after ExitAfter below the exit level",
+			steps: concat(
+				becomeUnhealthy,
+				repeat(18, step{advance: tick, full10: 15, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure}),
+				// Below exit from here: pending since the first of these, 60s needed.
+				repeat(6, step{advance: tick, full10: 5, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure}),
+				[]step{{advance: tick, full10: 5, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure}},
+			),
+		},
+		{
+			name: "MemAvailable enters and exits with its own levels",
+			steps: concat(
+				repeat(3, step{advance: tick, full10: 0, availPc: 4, status: healthy, reason: ReasonNoMemoryPressure}),
+				[]step{{advance: tick, full10: 0, availPc: 4, status: unhealthy, reason: ReasonLowMemoryAvailable}},
+				// 7% is above the enter level (5%) but below the exit level (10%).
+				repeat(12, step{advance: tick, full10: 0, availPc: 7, status: unhealthy, reason: ReasonLowMemoryAvailable}),
+				repeat(6, step{advance: tick, full10: 0, availPc: 12, status: unhealthy, reason: ReasonLowMemoryAvailable}),
+				[]step{{advance: tick, full10: 0, availPc: 12, status: healthy, reason: ReasonNoMemoryPressure}},
+			),
+		},
+		{
+			name: "a failed read restarts the enter clock",
+			steps: []step{
+				{full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, psiText: "garbage", availPc: 50, status: unknown, reason: ReasonPSIUnreadable},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+			},
+		},
+		{
+			name: "a failed read keeps the verdict",
+			steps: concat(becomeUnhealthy, []step{
+				{advance: tick, psiText: "some avg10=1", availPc: 50, status: unknown, reason: ReasonPSIUnreadable},
+				{advance: tick, full10: 40, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+			}),
+		},
+		{
+			name: "reason follows what is wrong now",
+			steps: concat(becomeUnhealthy, []step{
+				// PSI drops between the levels while memory is short: the memory reason wins.
+				{advance: tick, full10: 15, availPc: 3, status: unhealthy, reason: ReasonLowMemoryAvailable},
+				// Everything below the exit levels: recovering, the entry reason is kept.
+				{advance: tick, full10: 1, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+			}),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			clk := testingclock.NewFakePassiveClock(t0)
+			c, err := New(Config{
+				HostRoot: root, Now: clk.Now, Logger: discardLogger(),
+				EnterAfter: 30 * time.Second, ExitAfter: 60 * time.Second,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := t0
+			for i, s := range tt.steps {
+				now = now.Add(s.advance)
+				clk.SetTime(now)
+				writeHost(t, root, s)
+				res := c.Check(context.Background())
+				if res.Status != s.status || res.Reason != s.reason {
+					t.Fatalf("step %d (t+%v, full=%v avail=%v%%): got %s/%s (%s), want %s/%s",
+						i, now.Sub(t0), s.full10, s.availPc, res.Status, res.Reason, res.Message, s.status, s.reason)
+				}
+			}
+		})
+	}
+}
+
+func TestPendingChangeInMessage(t *testing.T) {
+	root := t.TempDir()
+	clk := testingclock.NewFakePassiveClock(t0)
+	c, err := New(Config{HostRoot: root, Now: clk.Now, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeHost(t, root, step{full10: 40, availPc: 50})
+	c.Check(context.Background())
+	clk.SetTime(t0.Add(12 * time.Second))
+	res := c.Check(context.Background())
+	want := "unhealthy in 18s unless readings change (12s of 30s)"
+	if res.Status != healthy || !strings.Contains(res.Message, want) {
+		t.Errorf("got %s %q, want healthy with %q", res.Status, res.Message, want)
+	}
+}
+
+func TestPSIUnsupportedLoggedOnce(t *testing.T) {
+	root := t.TempDir()
+	var logs bytes.Buffer
+	clk := testingclock.NewFakePassiveClock(t0)
+	c, err := New(Config{HostRoot: root, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeHost(t, root, step{full10: 0, availPc: 50})
+	if err := os.Remove(filepath.Join(root, "proc/pressure/memory")); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		clk.SetTime(clk.Now().Add(10 * time.Second))
+		res := c.Check(context.Background())
+		if res.Status != healthy || res.Err != nil {
+			t.Fatalf("got %s err=%v, want healthy without error", res.Status, res.Err)
+		}
+	}
+	if n := strings.Count(logs.String(), "reason="+ReasonPSIUnsupported); n != 1 {
+		t.Errorf("PSIUnsupported logged %d times, want once; logs:\n%s", n, logs.String())
+	}
+
+	writeHost(t, root, step{full10: 0, availPc: 50}) // PSI comes back
+	for range 3 {
+		c.Check(context.Background())
+	}
+	if n := strings.Count(logs.String(), "available again"); n != 1 {
+		t.Errorf("recovery logged %d times, want once; logs:\n%s", n, logs.String())
+	}
+}
+
+func TestCheckCanceled(t *testing.T) {
+	c, err := New(Config{HostRoot: "testdata/hosts/healthy", Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res := c.Check(ctx)
+	if res.Status != unknown || res.Reason != ReasonCheckCanceled || !errors.Is(res.Err, context.Canceled) {
+		t.Errorf("got %s/%s err=%v, want Unknown/%s with context.Canceled", res.Status, res.Reason, res.Err, ReasonCheckCanceled)
+	}
+}
+
+func TestNewValidation(t *testing.T) {
+	tests := []struct {
+		name  string
+		cfg   Config
+		field string // must appear in the error; empty means no error
+	}{
+		{name: "zero config", cfg: Config{}},
+		{name: "exit equal to enter", cfg: Config{PSIFullEnterPercent: 20, PSIFullExitPercent: 20}},
+		{name: "PSI enter over 100", cfg: Config{PSIFullEnterPercent: 120}, field: "PSIFullEnterPercent"},
+		{name: "PSI exit over enter", cfg: Config{PSIFullEnterPercent: 8}, field: "PSIFullExitPercent"},
+		{name: "PSI exit negative", cfg: Config{PSIFullExitPercent: -3}, field: "PSIFullExitPercent"},
+		{name: "available exit below enter", cfg: Config{AvailableEnterPercent: 20}, field: "AvailableExitPercent"},
+		{name: "available bytes exit below enter", cfg: Config{AvailableEnterBytes: 4 << 30}, field: "AvailableExitBytes"},
+		{name: "negative duration", cfg: Config{ExitAfter: -time.Second}, field: "ExitAfter"},
+		{name: "NaN level", cfg: Config{PSIFullEnterPercent: math.NaN()}, field: "PSIFullEnterPercent"},
+		{name: "both rules off", cfg: Config{PSIFullEnterPercent: -1, AvailableEnterPercent: -1}, field: "enable at least one rule"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.cfg)
+			switch {
+			case tt.field == "" && err != nil:
+				t.Errorf("unexpected error: %v", err)
+			case tt.field != "" && (err == nil || !strings.Contains(err.Error(), tt.field)):
+				t.Errorf("error %v, want one naming %q", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestFmtBytes(t *testing.T) {
+	for n, want := range map[uint64]string{
+		0: "0B", 1023: "1023B", 1024: "1.0Ki", 327155712: "312Mi", 8163397632: "7.6Gi", 1 << 40: "1.0Ti",
+	} {
+		if got := fmtBytes(n); got != want {
+			t.Errorf("fmtBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	c, err := New(Config{HostRoot: "testdata/hosts/kubepods-systemd", Logger: discardLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Err != nil {
+			b.Fatal(res.Err)
+		}
+	}
+}

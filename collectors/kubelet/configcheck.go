@@ -451,7 +451,7 @@ func parseConfigTaints(data []byte) ([]Taint, bool, error) {
 	}
 	taints := make([]Taint, 0, len(*cfg.RegisterWithTaints))
 	for _, t := range *cfg.RegisterWithTaints {
-		taints = append(taints, Taint{Key: t.Key, Value: t.Value, Effect: t.Effect})
+		taints = append(taints, Taint(t))
 	}
 	return taints, true, nil
 }

@@ -1,0 +1,71 @@
+# nodevigil — every development task is a make target. `make help` lists them.
+
+GO          ?= go
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -X main.version=$(VERSION)
+BIN         := bin
+# The linter is pinned and run through the Go toolchain: nothing is downloaded but modules.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Extra flags for go test, e.g. GOTESTFLAGS=-v or GOTESTFLAGS='-run TestX'.
+GOTESTFLAGS ?=
+# Integration packages each start a real control plane; they run with this timeout.
+INTEGRATION_TIMEOUT ?= 30m
+UNIT_PKGS    = $(shell $(GO) list ./... | grep -v /integration)
+INTEG_PKGS   = $(shell $(GO) list ./integration/...)
+BENCHTIME   ?= 2s
+BENCHCOUNT  ?= 6
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build nodevigil-agent and nodevigil-remediator into bin/.
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/nodevigil-agent ./agent/cmd/nodevigil-agent
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/nodevigil-remediator ./remediation/cmd/nodevigil-remediator
+
+.PHONY: test
+test: control-plane ## Unit and integration tests, with -race (builds the control plane on first use).
+	$(GO) test -race -count=1 -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) ./...
+
+.PHONY: test-unit
+test-unit: ## Unit tests only (no control plane), with -race.
+	$(GO) test -race -count=1 $(GOTESTFLAGS) $(UNIT_PKGS)
+
+.PHONY: test-integration
+test-integration: control-plane ## Integration tests on a real etcd + kube-apiserver + kube-controller-manager, with -race.
+	$(GO) test -race -count=1 -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) $(INTEG_PKGS)
+
+.PHONY: lint
+lint: ## go vet, gofmt and staticcheck (pinned, run through the Go toolchain).
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+.PHONY: bench
+bench: ## Benchmarks (Go benchmarks plus the agent/remediator scripts); see docs/benchmarks.md.
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) $(UNIT_PKGS) | tee bench.out
+	@echo "raw results in bench.out; summarise with: go run golang.org/x/perf/cmd/benchstat@v0.0.0-20250515181824-f1b6a0fbbd03 bench.out"
+
+.PHONY: run
+run: build control-plane ## Run nodevigil locally: control plane, EC2 emulator, agent for this host, remediator in dry-run.
+	$(GO) run ./integration/cmd/devcluster up
+
+.PHONY: control-plane
+control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager; print their paths.
+	@$(GO) run ./integration/cmd/devcluster paths
+
+.PHONY: manifests
+manifests: ## Render manifests/install.yaml from the Helm chart.
+	bash manifests/render.sh
+
+.PHONY: verify-manifests
+verify-manifests: ## Fail when manifests/install.yaml is stale.
+	bash manifests/verify.sh
+
+.PHONY: clean
+clean: ## Remove build output (not the control-plane cache in ~/.cache/nodevigil).
+	rm -rf $(BIN) bench.out

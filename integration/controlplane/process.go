@@ -6,16 +6,17 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
 // process is one child the harness started. It runs in its own process group and is tied to
-// the harness's life with PDEATHSIG, so that even a test binary that panics (and so never runs
-// its deferred teardown) takes its children with it.
+// the harness's life (testbin.StartTied), so that even a test binary that panics takes its
+// children with it.
 type process struct {
 	name    string
 	path    string
@@ -28,27 +29,6 @@ type process struct {
 	err  error
 }
 
-// spawner runs every exec on one OS thread that is locked and never released: PDEATHSIG fires
-// when the thread that forked the child exits, and Go may retire ordinary threads at will.
-var spawner = struct {
-	once sync.Once
-	reqs chan func()
-}{reqs: make(chan func())}
-
-func onSpawnerThread(f func()) {
-	spawner.once.Do(func() {
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for req := range spawner.reqs {
-				req()
-			}
-		}()
-	})
-	done := make(chan struct{})
-	spawner.reqs <- func() { f(); close(done) }
-	<-done
-}
-
 func (p *process) start() error {
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -57,12 +37,9 @@ func (p *process) start() error {
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Stdout = logf
 	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	var startErr error
-	onSpawnerThread(func() { startErr = cmd.Start() })
-	if startErr != nil {
+	if err := testbin.StartTied(cmd); err != nil {
 		logf.Close()
-		return fmt.Errorf("start %s: %w", p.name, startErr)
+		return fmt.Errorf("start %s: %w", p.name, err)
 	}
 	done := make(chan struct{})
 	p.mu.Lock()

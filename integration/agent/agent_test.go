@@ -150,6 +150,8 @@ func (n *node) start() {
 		"--check-interval", "1s",
 		"--lease-duration", "6s",
 		"--lease-renew-interval", "1s",
+		"--lease-renew-timeout", "800ms",
+		"--check-timeout", "1s",
 		"--condition-heartbeat", "1m",
 		"--taint-stability-window", "3s",
 		"--log-format", "text",
@@ -190,6 +192,11 @@ func (n *node) waitFor(what string, timeout time.Duration, cond func(*corev1.Nod
 	n.t.Helper()
 	var last *corev1.Node
 	err := wait.PollUntilContextTimeout(n.t.Context(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		if n.agent != nil {
+			if exited, err := n.agent.Exited(); exited {
+				return false, fmt.Errorf("agent exited: %v", err)
+			}
+		}
 		obj, err := n.get(ctx)
 		if err != nil {
 			return false, nil // API outages are part of some tests

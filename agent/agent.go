@@ -1,0 +1,575 @@
+// Package agent is the Kubernetes side of nodevigil-agent, the per-node DaemonSet.
+//
+// An Agent runs every check each CheckInterval, concurrently and each under its own timeout,
+// and feeds the results to three consumers: the Node conditions (package conditions), the
+// startup taints (package taints) and, when enabled, the local kubelet repairer. Independently
+// of the checks it renews its heartbeat Lease (package heartbeat), so a slow check or a slow
+// API server never delays the liveness signal. It serves /metrics, /healthz and /readyz.
+//
+// The agent depends on the checks only through the small interfaces below; the concrete
+// collectors are wired in by the binary, so this package stays testable with fakes and free of
+// host access.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	promcollectors "github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+
+	"github.com/nodevigil/nodevigil/agent/conditions"
+	"github.com/nodevigil/nodevigil/agent/heartbeat"
+	"github.com/nodevigil/nodevigil/agent/taints"
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+// Component is the Event source and the first half of the user agent.
+const Component = "nodevigil-agent"
+
+// Checker is one node-local health check. The collectors under collectors/ implement it.
+// Check must honour ctx; the agent nevertheless bounds it and reports a check that overruns
+// as Unknown/CheckTimeout.
+type Checker interface {
+	Name() string
+	Check(ctx context.Context) collectors.Result
+}
+
+// Repairer restarts a failed kubelet locally. It is given the latest kubelet result each
+// cycle and applies its own backoff and hourly cap; the agent records what it did.
+type Repairer interface {
+	Repair(ctx context.Context, kubelet collectors.Result) (RepairOutcome, error)
+}
+
+// RepairOutcome is what a Repairer did in one cycle. Reason is a CamelCase word (Restarted,
+// BackoffActive, HourlyCapReached, NotNeeded, RestartFailed).
+type RepairOutcome struct {
+	Attempted   bool
+	Reason      string
+	Attempt     int
+	NextAllowed time.Time
+}
+
+// Repair outcome reasons the agent reacts to.
+const (
+	RepairRestarted        = "Restarted"
+	RepairRestartFailed    = "RestartFailed"
+	RepairBackoffActive    = "BackoffActive"
+	RepairHourlyCapReached = "HourlyCapReached"
+	RepairNotNeeded        = "NotNeeded"
+)
+
+// Event reasons recorded on the Node by the agent itself (the taints package records its own).
+const (
+	// ReasonKubeletRestarted: the repairer restarted the kubelet unit (Normal).
+	ReasonKubeletRestarted = "KubeletRestarted"
+	// ReasonKubeletRestartFailed: a restart was attempted and failed (Warning).
+	ReasonKubeletRestartFailed = "KubeletRestartFailed"
+	// ReasonKubeletRepairCapReached: the hourly restart cap stops local repair (Warning).
+	ReasonKubeletRepairCapReached = "KubeletRepairCapReached"
+)
+
+// Defaults.
+const (
+	DefaultCheckInterval   = 10 * time.Second
+	DefaultCheckTimeout    = 5 * time.Second
+	DefaultListenAddress   = ":9736"
+	DefaultAPITimeout      = 5 * time.Second
+	DefaultShutdownTimeout = 3 * time.Second
+	repairCheck            = "kubelet"
+)
+
+// Config configures an Agent. Zero values are replaced by defaults; Client, NodeName,
+// Namespace and PodName are required.
+type Config struct {
+	// Client talks to the API server. Its rate limits are the caller's (the binary sets them
+	// from --kube-api-qps/--kube-api-burst).
+	Client kubernetes.Interface
+	// NodeName is this node.
+	NodeName string
+	// Namespace holds the heartbeat Lease.
+	Namespace string
+	// PodName is the Lease holder identity.
+	PodName string
+	// Version is reported in nodevigil_build_info.
+	Version string
+
+	// Checks run every CheckInterval, each within CheckTimeout.
+	Checks        []Checker
+	CheckInterval time.Duration
+	CheckTimeout  time.Duration
+
+	// ConditionHeartbeat is how often unchanged conditions are rewritten (default 5m).
+	ConditionHeartbeat time.Duration
+
+	// OwnedTaints, GatingChecks, TaintStabilityWindow and ReaddTaintOnFailure configure the
+	// startup taint manager (see package taints for defaults). Every gating check must be
+	// among Checks. A zero TaintStabilityWindow means the taints' default (10s); a negative
+	// one releases on the first healthy cycle.
+	OwnedTaints          []string
+	GatingChecks         []string
+	TaintStabilityWindow time.Duration
+	ReaddTaintOnFailure  bool
+
+	// LeaseDuration, LeaseRenewInterval and LeaseRenewTimeout configure the heartbeat Lease
+	// (defaults 40s, 10s, 5s).
+	LeaseDuration      time.Duration
+	LeaseRenewInterval time.Duration
+	LeaseRenewTimeout  time.Duration
+
+	// Repairer, when set, is given the kubelet result every cycle (local kubelet repair).
+	Repairer Repairer
+
+	// ListenAddress serves /metrics, /healthz, /readyz (default :9736).
+	ListenAddress string
+	// APITimeout bounds each API call of the condition and taint managers (default 5s).
+	APITimeout time.Duration
+	// ShutdownTimeout bounds the HTTP server's graceful shutdown (default 3s).
+	ShutdownTimeout time.Duration
+
+	// Registry holds the agent's metrics (default a new private registry). The Go and
+	// process collectors and nodevigil_build_info are registered on it.
+	Registry *prometheus.Registry
+	// Recorder records Events on the Node (default: a broadcaster writing through Client).
+	Recorder record.EventRecorder
+	// Clock is the time source (default the real clock).
+	Clock clock.WithTicker
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Agent is the running per-node agent.
+type Agent struct {
+	cfg         Config
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+	nodeRef     *v1.ObjectReference
+	conditions  *conditions.Manager
+	taints      *taints.Manager
+	lease       *heartbeat.Renewer
+	handler     http.Handler
+	running     map[string]*atomic.Bool
+
+	checkStatus   *prometheus.GaugeVec
+	checkDuration *prometheus.HistogramVec
+	checkErrors   *prometheus.CounterVec
+	repairs       *prometheus.CounterVec
+
+	// last is the last result per check, for logging transitions; only the loop touches it.
+	last       map[string]collectors.Result
+	lastRepair string
+}
+
+// New validates cfg, fills defaults and builds the agent's parts. It does no I/O.
+func New(cfg Config) (*Agent, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("agent: Client is required")
+	case cfg.NodeName == "":
+		return nil, errors.New("agent: NodeName is required; set --node-name or NODE_NAME")
+	case cfg.Namespace == "":
+		return nil, errors.New("agent: Namespace is required")
+	case cfg.PodName == "":
+		return nil, errors.New("agent: PodName is required")
+	}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = DefaultCheckInterval
+	}
+	if cfg.CheckTimeout <= 0 {
+		cfg.CheckTimeout = min(DefaultCheckTimeout, cfg.CheckInterval)
+	}
+	if cfg.ListenAddress == "" {
+		cfg.ListenAddress = DefaultListenAddress
+	}
+	if cfg.APITimeout <= 0 {
+		cfg.APITimeout = DefaultAPITimeout
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Version == "" {
+		cfg.Version = "unknown"
+	}
+	if len(cfg.GatingChecks) == 0 {
+		cfg.GatingChecks = taints.DefaultGatingChecks
+	}
+
+	a := &Agent{
+		cfg:     cfg,
+		nodeRef: &v1.ObjectReference{Kind: "Node", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)},
+		running: map[string]*atomic.Bool{},
+		last:    map[string]collectors.Result{},
+	}
+	for _, c := range cfg.Checks {
+		name := c.Name()
+		if _, dup := a.running[name]; dup {
+			return nil, fmt.Errorf("agent: two checks named %q", name)
+		}
+		a.running[name] = &atomic.Bool{}
+	}
+	for _, g := range cfg.GatingChecks {
+		if _, ok := a.running[g]; !ok {
+			return nil, fmt.Errorf("agent: gating check %q is not among the configured checks; remove it from --gating-checks or enable the check", g)
+		}
+	}
+
+	a.recorder = cfg.Recorder
+	if a.recorder == nil {
+		a.broadcaster = record.NewBroadcaster()
+		a.recorder = a.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: Component, Host: cfg.NodeName})
+	}
+
+	if err := a.registerMetrics(); err != nil {
+		return nil, err
+	}
+
+	var err error
+	a.conditions, err = conditions.New(conditions.Config{
+		Client: cfg.Client, NodeName: cfg.NodeName, HeartbeatPeriod: cfg.ConditionHeartbeat, Timeout: cfg.APITimeout,
+		Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.taints, err = taints.New(taints.Config{
+		Client: cfg.Client, NodeName: cfg.NodeName, OwnedKeys: cfg.OwnedTaints, GatingChecks: cfg.GatingChecks,
+		StabilityWindow: cfg.TaintStabilityWindow, ReaddOnFailure: cfg.ReaddTaintOnFailure, Timeout: cfg.APITimeout,
+		StartTime: cfg.Clock.Now(), Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.lease, err = heartbeat.New(heartbeat.Config{
+		Client: cfg.Client, NodeName: cfg.NodeName, Namespace: cfg.Namespace, HolderIdentity: cfg.PodName,
+		LeaseDuration: cfg.LeaseDuration, RenewInterval: cfg.LeaseRenewInterval, RenewTimeout: cfg.LeaseRenewTimeout,
+		Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.handler = a.newHandler()
+	return a, nil
+}
+
+func (a *Agent) registerMetrics() error {
+	a.checkStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodevigil_agent_check_status",
+		Help: "Latest verdict of each check: 1 for the current status, 0 for the others.",
+	}, []string{"check", "status"})
+	a.checkDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "nodevigil_agent_check_duration_seconds",
+		Help:    "Time one run of a check took.",
+		Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10},
+	}, []string{"check"})
+	a.checkErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodevigil_agent_check_errors_total",
+		Help: "Check runs that failed to observe (Result.Err set), excluding sources not supported on this host.",
+	}, []string{"check"})
+	a.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nodevigil_agent_kubelet_repair_attempts_total",
+		Help: "Local kubelet repair decisions other than NotNeeded, by result (Restarted, RestartFailed, BackoffActive, HourlyCapReached, Other, error).",
+	}, []string{"result"})
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nodevigil_build_info",
+		Help: "Build of the running binary; always 1.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(a.cfg.Version, runtime.Version()).Set(1)
+
+	for _, c := range []prometheus.Collector{
+		a.checkStatus, a.checkDuration, a.checkErrors, a.repairs, buildInfo,
+		promcollectors.NewGoCollector(),
+		promcollectors.NewProcessCollector(promcollectors.ProcessCollectorOpts{}),
+	} {
+		if err := a.cfg.Registry.Register(c); err != nil {
+			return fmt.Errorf("agent: register metrics: %w", err)
+		}
+	}
+	for name := range a.running {
+		a.checkErrors.WithLabelValues(name)
+	}
+	return nil
+}
+
+// Handler serves /metrics, /healthz and /readyz. /healthz answers 200 while the process can
+// serve HTTP: it must not depend on the API server, or an API outage would make the kubelet
+// restart every agent in the cluster at once. /readyz answers 200 once the agent has reported
+// (a condition patch succeeded, or the Node already carried its current results).
+func (a *Agent) Handler() http.Handler { return a.handler }
+
+func (a *Agent) newHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.cfg.Registry, promhttp.HandlerOpts{
+		Registry:          a.cfg.Registry,
+		Timeout:           10 * time.Second,
+		EnableOpenMetrics: false,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !a.conditions.Reported() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready: node conditions not reported yet\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// Run serves HTTP, renews the Lease and runs the check loop until ctx is done, then shuts
+// everything down within ShutdownTimeout plus the longest in-flight API call. It returns an
+// error only when it cannot start (the listen address is taken).
+func (a *Agent) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", a.cfg.ListenAddress)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", a.cfg.ListenAddress, err)
+	}
+	return a.serve(ctx, ln)
+}
+
+func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
+	log := a.cfg.Logger.With("node", a.cfg.NodeName)
+	if a.broadcaster != nil {
+		a.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.cfg.Client.CoreV1().Events("")})
+		defer a.broadcaster.Shutdown()
+	}
+
+	srv := &http.Server{
+		Handler:           a.handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(a.cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		a.lease.Run(ctx)
+	}()
+	log.Info("agent started", "listen_address", ln.Addr().String(), "checks", len(a.cfg.Checks),
+		"kubelet_repair", a.cfg.Repairer != nil)
+
+	ticker := a.cfg.Clock.NewTicker(a.cfg.CheckInterval)
+	for {
+		a.cycle(ctx)
+		select {
+		case <-ctx.Done():
+		case <-ticker.C():
+			continue
+		}
+		break
+	}
+	ticker.Stop()
+
+	log.Info("agent stopping")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("http server shutdown incomplete", "err", err)
+	}
+	wg.Wait()
+	log.Info("agent stopped")
+	return nil
+}
+
+// cycle runs every check once and hands the results to the consumers.
+func (a *Agent) cycle(ctx context.Context) {
+	results := a.RunChecks(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	a.observe(results)
+	if err := a.conditions.Sync(ctx, results); err != nil {
+		a.cfg.Logger.Debug("condition sync failed", "node", a.cfg.NodeName, "err", err)
+	}
+	if err := a.taints.Reconcile(ctx, results); err != nil {
+		a.cfg.Logger.Debug("taint reconcile failed", "node", a.cfg.NodeName, "err", err)
+	}
+	if a.cfg.Repairer != nil {
+		for _, r := range results {
+			if r.Check == repairCheck {
+				a.repair(ctx, r)
+			}
+		}
+	}
+}
+
+// RunChecks runs every check concurrently, each under CheckTimeout, and returns their results
+// in the order of Config.Checks. A check still running from a previous cycle is not started
+// again (it is reported Unknown/CheckStillRunning), so a stuck check cannot pile up goroutines.
+func (a *Agent) RunChecks(ctx context.Context) []collectors.Result {
+	results := make([]collectors.Result, len(a.cfg.Checks))
+	var wg sync.WaitGroup
+	for i, c := range a.cfg.Checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = a.runCheck(ctx, c)
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
+	name := c.Name()
+	unknown := func(reason, msg string, err error) collectors.Result {
+		return collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: reason, Message: msg,
+			Time: a.cfg.Clock.Now(), Err: err}
+	}
+	busy := a.running[name]
+	if !busy.CompareAndSwap(false, true) {
+		return unknown("CheckStillRunning", "the previous run of this check has not returned yet",
+			errors.New("previous run still in progress"))
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.CheckTimeout)
+	defer cancel()
+	start := a.cfg.Clock.Now()
+	ch := make(chan collectors.Result, 1)
+	go func() {
+		defer busy.Store(false)
+		defer func() {
+			if p := recover(); p != nil {
+				a.cfg.Logger.Error("check panicked", "check", name, "err", fmt.Sprint(p), "stack", string(debug.Stack()))
+				ch <- unknown("CheckPanicked", fmt.Sprintf("check panicked: %v", p), fmt.Errorf("panic: %v", p))
+			}
+		}()
+		ch <- c.Check(cctx)
+	}()
+	var r collectors.Result
+	select {
+	case r = <-ch:
+	case <-cctx.Done():
+		r = unknown("CheckTimeout", fmt.Sprintf("check did not return within %s", a.cfg.CheckTimeout), cctx.Err())
+	}
+	a.checkDuration.WithLabelValues(name).Observe(a.cfg.Clock.Since(start).Seconds())
+	if r.Check == "" {
+		r.Check = name
+	}
+	if r.Time.IsZero() {
+		r.Time = a.cfg.Clock.Now()
+	}
+	switch r.Status {
+	case collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown:
+	default:
+		r.Status = collectors.StatusUnknown
+	}
+	return r
+}
+
+// observe updates the check metrics and logs status changes and observation errors once per
+// change, not every cycle.
+func (a *Agent) observe(results []collectors.Result) {
+	for _, r := range results {
+		for _, s := range []collectors.Status{collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown} {
+			v := 0.0
+			if r.Status == s {
+				v = 1
+			}
+			a.checkStatus.WithLabelValues(r.Check, string(s)).Set(v)
+		}
+		notSupported := errors.Is(r.Err, collectors.ErrNotSupported)
+		if r.Err != nil && !notSupported {
+			a.checkErrors.WithLabelValues(r.Check).Inc()
+		}
+		prev, seen := a.last[r.Check]
+		a.last[r.Check] = r
+		if seen && prev.Status == r.Status && prev.Reason == r.Reason {
+			continue
+		}
+		level := slog.LevelInfo
+		if r.Status != collectors.StatusHealthy {
+			level = slog.LevelWarn
+		}
+		if notSupported {
+			level = slog.LevelInfo
+		}
+		args := []any{"node", a.cfg.NodeName, "check", r.Check, "status", string(r.Status), "reason", r.Reason, "message", r.Message}
+		if r.Err != nil {
+			args = append(args, "err", r.Err.Error())
+		}
+		a.cfg.Logger.Log(context.Background(), level, "check status changed", args...)
+	}
+}
+
+// repair hands the kubelet result to the repairer and records what it did.
+func (a *Agent) repair(ctx context.Context, kubelet collectors.Result) {
+	out, err := a.cfg.Repairer.Repair(ctx, kubelet)
+	log := a.cfg.Logger.With("node", a.cfg.NodeName, "check", repairCheck)
+	prev := a.lastRepair
+	a.lastRepair = out.Reason
+	if err != nil {
+		a.repairs.WithLabelValues("error").Inc()
+		log.Warn("kubelet repair failed", "reason", out.Reason, "attempt", out.Attempt, "err", err)
+		if out.Attempted || prev != "error" {
+			a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonKubeletRestartFailed,
+				"Local kubelet repair failed (attempt %d): %v", out.Attempt, err)
+		}
+		a.lastRepair = "error"
+		return
+	}
+	switch out.Reason {
+	case RepairNotNeeded, "":
+		return
+	case RepairRestarted, RepairRestartFailed, RepairBackoffActive, RepairHourlyCapReached:
+		a.repairs.WithLabelValues(out.Reason).Inc()
+	default:
+		a.repairs.WithLabelValues("Other").Inc()
+	}
+	next := ""
+	if !out.NextAllowed.IsZero() {
+		next = out.NextAllowed.UTC().Format(time.RFC3339)
+	}
+	switch {
+	case out.Attempted && out.Reason == RepairRestarted:
+		log.Warn("kubelet restarted", "reason", kubelet.Reason, "attempt", out.Attempt)
+		a.recorder.Eventf(a.nodeRef, v1.EventTypeNormal, ReasonKubeletRestarted,
+			"Restarted the kubelet unit (attempt %d) because %s: %s", out.Attempt, kubelet.Reason, kubelet.Message)
+	case out.Attempted:
+		log.Warn("kubelet restart failed", "reason", out.Reason, "attempt", out.Attempt)
+		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonKubeletRestartFailed,
+			"Restarting the kubelet unit failed (attempt %d, %s); next attempt allowed at %s", out.Attempt, out.Reason, next)
+	case out.Reason == RepairHourlyCapReached && prev != RepairHourlyCapReached:
+		log.Warn("kubelet repair cap reached", "attempt", out.Attempt)
+		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonKubeletRepairCapReached,
+			"Kubelet still unhealthy (%s) but the hourly restart cap is reached; next attempt allowed at %s", kubelet.Reason, next)
+	}
+}

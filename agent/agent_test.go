@@ -1,0 +1,482 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/nodevigil/nodevigil/agent/conditions"
+	"github.com/nodevigil/nodevigil/agent/taints"
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+const nodeName = "node-a"
+
+var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+// fakeCheck returns a settable result; when block is set, Check waits on it and ignores ctx,
+// like a misbehaving collector would.
+type fakeCheck struct {
+	name  string
+	mu    sync.Mutex
+	res   collectors.Result
+	block chan struct{}
+	panic bool
+}
+
+func (f *fakeCheck) Name() string { return f.name }
+
+func (f *fakeCheck) Check(context.Context) collectors.Result {
+	f.mu.Lock()
+	block, res, p := f.block, f.res, f.panic
+	f.mu.Unlock()
+	if p {
+		panic("boom")
+	}
+	if block != nil {
+		<-block
+	}
+	return res
+}
+
+func (f *fakeCheck) set(s collectors.Status, reason string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.res = collectors.Result{Check: f.name, Status: s, Reason: reason, Message: reason + " message", Err: err}
+}
+
+type fakeRepairer struct {
+	out   RepairOutcome
+	err   error
+	calls int
+}
+
+func (f *fakeRepairer) Repair(context.Context, collectors.Result) (RepairOutcome, error) {
+	f.calls++
+	return f.out, f.err
+}
+
+type harness struct {
+	client   *fake.Clientset
+	clock    *clocktesting.FakeClock
+	recorder *record.FakeRecorder
+	reg      *prometheus.Registry
+	checks   map[string]*fakeCheck
+	agent    *Agent
+}
+
+func newHarness(t *testing.T, mut func(*Config)) *harness {
+	t.Helper()
+	node := &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "uid-1", CreationTimestamp: metav1.NewTime(t0.Add(-time.Minute))},
+		Spec: v1.NodeSpec{Taints: []v1.Taint{
+			{Key: taints.DefaultOwnedKey, Effect: v1.TaintEffectNoSchedule},
+			{Key: "dedicated", Value: "db", Effect: v1.TaintEffectNoSchedule},
+		}},
+		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady"}}},
+	}
+	h := &harness{
+		client:   fake.NewClientset(node),
+		clock:    clocktesting.NewFakeClock(t0),
+		recorder: record.NewFakeRecorder(20),
+		reg:      prometheus.NewRegistry(),
+		checks:   map[string]*fakeCheck{},
+	}
+	var checks []Checker
+	for _, n := range []string{"memory", "kubelet", "cni", "kubelet-config"} {
+		c := &fakeCheck{name: n}
+		c.set(collectors.StatusHealthy, "OK", nil)
+		h.checks[n] = c
+		checks = append(checks, c)
+	}
+	cfg := Config{
+		Client: h.client, NodeName: nodeName, Namespace: "nodevigil-system", PodName: "agent-pod", Version: "v0.1.0-test",
+		Checks: checks, CheckTimeout: 100 * time.Millisecond,
+		Registry: h.reg, Recorder: h.recorder, Clock: h.clock,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	h.agent = a
+	return h
+}
+
+func (h *harness) node(t *testing.T) *v1.Node {
+	t.Helper()
+	n, err := h.client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (h *harness) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.agent.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func hasTaint(n *v1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCycleReportsConditionsThenReleasesTaints(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	if code, _ := h.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before reporting = %d, want 503", code)
+	}
+
+	h.agent.cycle(ctx)
+	n := h.node(t)
+	for _, ct := range conditions.OwnedTypes() {
+		found := false
+		for _, c := range n.Status.Conditions {
+			if c.Type == ct && c.Status == v1.ConditionTrue {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("condition %s not True on node: %+v", ct, n.Status.Conditions)
+		}
+	}
+	if !hasTaint(n, taints.DefaultOwnedKey) {
+		t.Fatal("startup taint removed before the stability window")
+	}
+	if code, _ := h.get(t, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz after reporting = %d, want 200", code)
+	}
+
+	h.clock.Step(10 * time.Second)
+	h.agent.cycle(ctx)
+	n = h.node(t)
+	if hasTaint(n, taints.DefaultOwnedKey) || !hasTaint(n, "dedicated") {
+		t.Fatalf("taints after window = %+v, want only the foreign one", n.Spec.Taints)
+	}
+	select {
+	case ev := <-h.recorder.Events:
+		if !strings.Contains(ev, taints.ReasonTaintsRemoved) {
+			t.Errorf("event = %q, want %s", ev, taints.ReasonTaintsRemoved)
+		}
+	default:
+		t.Error("no event for the taint removal")
+	}
+}
+
+func TestGatingFailureKeepsTaints(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	h.agent.cycle(ctx)
+	h.checks["cni"].set(collectors.StatusUnhealthy, "NoCNIConfig", nil)
+	h.clock.Step(5 * time.Second)
+	h.agent.cycle(ctx)
+	h.checks["cni"].set(collectors.StatusHealthy, "OK", nil)
+	h.clock.Step(5 * time.Second)
+	h.agent.cycle(ctx)
+	if !hasTaint(h.node(t), taints.DefaultOwnedKey) {
+		t.Fatal("taint removed although cni failed inside the window")
+	}
+}
+
+func TestRunChecksTimeoutStillRunningAndPanic(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	release := make(chan struct{})
+	h.checks["kubelet"].mu.Lock()
+	h.checks["kubelet"].block = release
+	h.checks["kubelet"].mu.Unlock()
+	h.checks["memory"].mu.Lock()
+	h.checks["memory"].panic = true
+	h.checks["memory"].mu.Unlock()
+
+	byName := func(rs []collectors.Result) map[string]collectors.Result {
+		m := map[string]collectors.Result{}
+		for _, r := range rs {
+			m[r.Check] = r
+		}
+		return m
+	}
+	first := byName(h.agent.RunChecks(ctx))
+	if r := first["kubelet"]; r.Status != collectors.StatusUnknown || r.Reason != "CheckTimeout" || r.Err == nil {
+		t.Errorf("stuck check = %+v, want Unknown/CheckTimeout with Err", r)
+	}
+	if r := first["memory"]; r.Status != collectors.StatusUnknown || r.Reason != "CheckPanicked" {
+		t.Errorf("panicking check = %+v, want Unknown/CheckPanicked", r)
+	}
+	if r := first["cni"]; r.Status != collectors.StatusHealthy {
+		t.Errorf("healthy check = %+v, want Healthy despite its neighbours", r)
+	}
+	second := byName(h.agent.RunChecks(ctx))
+	if r := second["kubelet"]; r.Reason != "CheckStillRunning" {
+		t.Errorf("second run of stuck check = %+v, want CheckStillRunning", r)
+	}
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for h.agent.running["kubelet"].Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("stuck check never finished")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.checks["kubelet"].mu.Lock()
+	h.checks["kubelet"].block = nil
+	h.checks["kubelet"].mu.Unlock()
+	if r := byName(h.agent.RunChecks(ctx))["kubelet"]; r.Status != collectors.StatusHealthy {
+		t.Errorf("recovered check = %+v, want Healthy", r)
+	}
+}
+
+func TestCheckMetrics(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, nil)
+	h.checks["memory"].set(collectors.StatusUnknown, "PSIUnsupported", fmt.Errorf("read psi: %w", collectors.ErrNotSupported))
+	h.checks["cni"].set(collectors.StatusUnknown, "CNIConfUnreadable", errors.New("permission denied"))
+	h.checks["kubelet"].set(collectors.StatusUnhealthy, "KubeletUnitFailed", nil)
+	h.agent.cycle(ctx)
+	h.agent.cycle(ctx)
+
+	for _, tc := range []struct {
+		check, status string
+		want          float64
+	}{
+		{"kubelet", "Unhealthy", 1}, {"kubelet", "Healthy", 0}, {"kubelet", "Unknown", 0},
+		{"cni", "Unknown", 1}, {"kubelet-config", "Healthy", 1},
+	} {
+		if got := testutil.ToFloat64(h.agent.checkStatus.WithLabelValues(tc.check, tc.status)); got != tc.want {
+			t.Errorf("check_status{check=%s,status=%s} = %v, want %v", tc.check, tc.status, got, tc.want)
+		}
+	}
+	if got := testutil.ToFloat64(h.agent.checkErrors.WithLabelValues("cni")); got != 2 {
+		t.Errorf("cni errors = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(h.agent.checkErrors.WithLabelValues("memory")); got != 0 {
+		t.Errorf("memory errors = %v, want 0 (not supported is not an error)", got)
+	}
+
+	code, body := h.get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	for _, want := range []string{
+		`nodevigil_build_info{goversion="go`,
+		`version="v0.1.0-test"} 1`,
+		`nodevigil_agent_check_duration_seconds_bucket{check="memory"`,
+		`nodevigil_agent_condition_patches_total{result="success"} 1`,
+		`nodevigil_agent_taint_removals_total{result="success"} 0`,
+		`nodevigil_agent_lease_renewals_total{result="success"} 0`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestHealthzDoesNotDependOnAPIServer(t *testing.T) {
+	h := newHarness(t, nil)
+	h.client.PrependReactor("*", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	h.agent.cycle(context.Background())
+	if code, _ := h.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with API down = %d, want 200", code)
+	}
+	if code, _ := h.get(t, "/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with API down = %d, want 503", code)
+	}
+}
+
+func TestRepairRecordsEventsAndMetrics(t *testing.T) {
+	ctx := context.Background()
+	rep := &fakeRepairer{}
+	h := newHarness(t, func(c *Config) { c.Repairer = rep })
+	h.checks["kubelet"].set(collectors.StatusUnhealthy, "KubeletUnitFailed", nil)
+	drain := func() []string {
+		var out []string
+		for {
+			select {
+			case ev := <-h.recorder.Events:
+				out = append(out, ev)
+			default:
+				return out
+			}
+		}
+	}
+
+	steps := []struct {
+		out        RepairOutcome
+		err        error
+		wantEvents []string
+	}{
+		{RepairOutcome{Attempted: true, Reason: RepairRestarted, Attempt: 1}, nil, []string{"Normal " + ReasonKubeletRestarted}},
+		{RepairOutcome{Reason: RepairBackoffActive, Attempt: 1}, nil, nil},
+		{RepairOutcome{Attempted: true, Reason: RepairRestartFailed, Attempt: 2}, nil, []string{"Warning " + ReasonKubeletRestartFailed}},
+		{RepairOutcome{Reason: RepairHourlyCapReached, Attempt: 3}, nil, []string{"Warning " + ReasonKubeletRepairCapReached}},
+		{RepairOutcome{Reason: RepairHourlyCapReached, Attempt: 3}, nil, nil}, // once per episode
+		{RepairOutcome{}, errors.New("dbus: connection refused"), []string{"Warning " + ReasonKubeletRestartFailed}},
+		{RepairOutcome{Reason: RepairNotNeeded}, nil, nil},
+	}
+	for i, st := range steps {
+		rep.out, rep.err = st.out, st.err
+		h.agent.cycle(ctx)
+		got := drain()
+		if len(got) != len(st.wantEvents) {
+			t.Fatalf("step %d: events %q, want %q", i, got, st.wantEvents)
+		}
+		for j, w := range st.wantEvents {
+			if !strings.HasPrefix(got[j], w) {
+				t.Errorf("step %d: event %q, want prefix %q", i, got[j], w)
+			}
+		}
+	}
+	if rep.calls != len(steps) {
+		t.Errorf("repairer called %d times, want %d", rep.calls, len(steps))
+	}
+	for res, want := range map[string]float64{RepairRestarted: 1, RepairBackoffActive: 1, RepairRestartFailed: 1, RepairHourlyCapReached: 2, "error": 1} {
+		if got := testutil.ToFloat64(h.agent.repairs.WithLabelValues(res)); got != want {
+			t.Errorf("repair_attempts{result=%s} = %v, want %v", res, got, want)
+		}
+	}
+}
+
+func TestNewRejectsGatingCheckWithoutChecker(t *testing.T) {
+	_, err := New(Config{Client: fake.NewClientset(), NodeName: nodeName, Namespace: "ns", PodName: "p",
+		Checks: []Checker{&fakeCheck{name: "kubelet"}}, GatingChecks: []string{"kubelet", "cni"}})
+	if err == nil || !strings.Contains(err.Error(), `"cni"`) {
+		t.Fatalf("New = %v, want an error naming cni", err)
+	}
+	if _, err := New(Config{Client: fake.NewClientset(), Namespace: "ns", PodName: "p"}); err == nil || !strings.Contains(err.Error(), "--node-name") {
+		t.Fatalf("New without node = %v, want a hint to --node-name", err)
+	}
+}
+
+func TestRunServesAndStopsPromptly(t *testing.T) {
+	// Real clock and the real event broadcaster; release taints on the first healthy cycle so
+	// an Event goes through the broadcaster to the API.
+	h := newHarness(t, func(c *Config) {
+		c.Clock = nil
+		c.Recorder = nil
+		c.TaintStabilityWindow = -1
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.agent.serve(ctx, ln) }()
+
+	url := "http://" + ln.Addr().String()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent never became ready (last err %v)", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := h.client.CoordinationV1().Leases("nodevigil-system").Get(context.Background(), nodeName, metav1.GetOptions{}); err != nil {
+		t.Errorf("heartbeat lease not created: %v", err)
+	}
+
+	for {
+		evs, err := h.client.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+		if err == nil && len(evs.Items) > 0 {
+			ev := evs.Items[0]
+			if ev.Reason != taints.ReasonTaintsRemoved || ev.Source.Component != Component || ev.InvolvedObject.Kind != "Node" || ev.InvolvedObject.Name != nodeName {
+				t.Errorf("event = reason %s source %s object %+v", ev.Reason, ev.Source.Component, ev.InvolvedObject)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no Event written through the broadcaster")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("agent did not stop within 5s of cancel")
+	}
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("shutdown took %s", d)
+	}
+	if _, err := http.Get(url + "/healthz"); err == nil {
+		t.Error("server still answering after shutdown")
+	}
+}
+
+func TestRunFailsOnTakenAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	h := newHarness(t, func(c *Config) { c.ListenAddress = ln.Addr().String() })
+	if err := h.agent.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Fatalf("Run = %v, want a listen error", err)
+	}
+}
+
+func TestMetricsRegistered(t *testing.T) {
+	h := newHarness(t, nil)
+	h.agent.repairs.WithLabelValues(RepairRestarted)
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	for _, want := range []string{
+		"nodevigil_build_info", "nodevigil_agent_kubelet_repair_attempts_total", "nodevigil_agent_condition_patches_total",
+		"nodevigil_agent_taint_removals_total", "nodevigil_agent_lease_renewals_total", "go_goroutines",
+	} {
+		if !names[want] {
+			t.Errorf("metric %s not registered", want)
+		}
+	}
+}

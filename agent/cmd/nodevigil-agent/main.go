@@ -1,0 +1,338 @@
+// Command nodevigil-agent is nodevigil's per-node agent.
+//
+// Usage:
+//
+//	nodevigil-agent [run] [flags]     run the agent (the DaemonSet's command; the default)
+//	nodevigil-agent check [flags]     run every check once, print the verdicts, exit
+//	nodevigil-agent version           print the version
+//
+// `check` needs no cluster: it reads the host (through --host-root) and prints a table
+// (CHECK STATUS REASON MESSAGE) or, with --output json, an array of
+// {check,status,reason,message}. Exit codes:
+//
+//	0  no check is Unhealthy. Unknown results (the check could not observe, e.g. no systemd
+//	   in a container or a kernel without PSI) are listed in a warning on stderr but do not
+//	   fail the command, so it stays usable on hosts that lack one data source.
+//	   With --strict, Unknown fails the command like Unhealthy.
+//	1  at least one check is Unhealthy (or Unknown with --strict), or the agent failed.
+//	2  usage or configuration error.
+//
+// The version is set at build time: -ldflags "-X main.version=v1.2.3".
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/nodevigil/nodevigil/agent"
+	"github.com/nodevigil/nodevigil/agent/config"
+	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/cni"
+	"github.com/nodevigil/nodevigil/collectors/kubelet"
+	"github.com/nodevigil/nodevigil/collectors/memory"
+)
+
+// version is overridden at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		// After the first signal, restore the default handling so a second one kills at once.
+		<-ctx.Done()
+		stop()
+	}()
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, buildChecks)
+	stop()
+	os.Exit(code)
+}
+
+// checkBuilder builds the checks from the configuration and returns a function releasing
+// them (the kubelet check holds a D-Bus connection). Tests replace it.
+type checkBuilder func(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(), error)
+
+const usage = `nodevigil-agent keeps a Kubernetes node honest: it checks memory pressure, kubelet
+health and CNI readiness, reports Node conditions, removes owned startup taints once the node
+is ready and renews a heartbeat Lease.
+
+Usage:
+  nodevigil-agent [run] [flags]   run the agent (default)
+  nodevigil-agent check [flags]   run every check once without a cluster and print the result
+  nodevigil-agent version         print the version
+
+Run "nodevigil-agent run -h" or "nodevigil-agent check -h" for the flags.
+`
+
+// run dispatches the subcommand and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, build checkBuilder) int {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runAgent(ctx, args, stderr, build)
+	case "check":
+		return runCheck(ctx, args, stdout, stderr, build)
+	case "version":
+		fmt.Fprintf(stdout, "nodevigil-agent %s\n", version)
+		return exitOK
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "error: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+}
+
+// loadConfig parses flags and file; it reports errors itself and returns the exit code to
+// use when cfg is nil.
+func loadConfig(mode config.Mode, args []string, stderr io.Writer) (*config.Config, int) {
+	cfg, err := config.Load(mode, config.Source{Args: args, Output: stderr})
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return nil, exitOK
+	case err != nil:
+		fmt.Fprintf(stderr, "error: %v\n", strings.ReplaceAll(err.Error(), "\n", "\nerror: "))
+		return nil, exitUsage
+	}
+	if fi, err := os.Stat(cfg.HostRoot); err != nil || !fi.IsDir() {
+		fmt.Fprintf(stderr, "error: hostRoot %q is not a directory; set --host-root to where the host filesystem is mounted\n", cfg.HostRoot)
+		return nil, exitUsage
+	}
+	return cfg, exitOK
+}
+
+// buildChecks wires the concrete collectors, in the order `check` prints them.
+func buildChecks(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(), error) {
+	mem, err := memory.New(memory.Config{HostRoot: cfg.HostRoot, Logger: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("memory check: %w", err)
+	}
+	kub, err := kubelet.New(kubelet.Config{HostRoot: cfg.HostRoot, Unit: cfg.KubeletUnit, HealthzURL: cfg.KubeletHealthzURL, Logger: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubelet check: %w", err)
+	}
+	net, err := cni.New(cni.Config{HostRoot: cfg.HostRoot, ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, HealthURL: cfg.CNIHealthURL})
+	if err != nil {
+		_ = kub.Close()
+		return nil, nil, fmt.Errorf("cni check: %w", err)
+	}
+	kcfg, err := kubelet.NewConfigCheck(kubelet.ConfigCheckConfig{HostRoot: cfg.HostRoot, ExpectedTaints: cfg.OwnedTaints})
+	if err != nil {
+		_ = kub.Close()
+		return nil, nil, fmt.Errorf("kubelet-config check: %w", err)
+	}
+	closeAll := func() {
+		if err := kub.Close(); err != nil {
+			log.Debug("close kubelet check", "err", err)
+		}
+	}
+	return []agent.Checker{mem, kub, net, kcfg}, closeAll, nil
+}
+
+// repairer adapts the kubelet collector's Repairer to the agent's interface.
+type repairer struct{ r *kubelet.Repairer }
+
+func (a repairer) Repair(ctx context.Context, res collectors.Result) (agent.RepairOutcome, error) {
+	at, err := a.r.Repair(ctx, res)
+	return agent.RepairOutcome{Attempted: at.Attempted, Reason: at.Reason, Attempt: at.Attempt, NextAllowed: at.NextAllowed}, err
+}
+
+func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkBuilder) int {
+	cfg, code := loadConfig(config.ModeRun, args, stderr)
+	if cfg == nil {
+		return code
+	}
+	log := cfg.NewLogger(stderr)
+	slog.SetDefault(log)
+	klog.SetSlogLogger(log) // client-go's own messages (event broadcaster, reflectors) as slog
+
+	rc, err := cfg.RESTConfig(agent.Component + "/" + version)
+	if err != nil {
+		log.Error("build api client config failed", "err", err)
+		return exitUsage
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		log.Error("build api client failed", "err", err)
+		return exitUsage
+	}
+	checks, closeChecks, err := build(cfg, log)
+	if err != nil {
+		log.Error("build checks failed", "err", err)
+		return exitUsage
+	}
+	defer closeChecks()
+
+	var rep agent.Repairer
+	if cfg.KubeletRepair {
+		r, err := kubelet.NewRepairer(kubelet.RepairConfig{HostRoot: cfg.HostRoot, Unit: cfg.KubeletUnit, Logger: log})
+		if err != nil {
+			log.Error("build kubelet repairer failed", "err", err)
+			return exitUsage
+		}
+		defer func() { _ = r.Close() }()
+		rep = repairer{r}
+	}
+
+	window := cfg.TaintStabilityWindow.Duration
+	if window == 0 {
+		window = -1 // explicit zero: release on the first healthy cycle (agent treats 0 as default)
+	}
+	a, err := agent.New(agent.Config{
+		Client:               client,
+		NodeName:             cfg.NodeName,
+		Namespace:            cfg.Namespace,
+		PodName:              cfg.PodName,
+		Version:              version,
+		Checks:               checks,
+		CheckInterval:        cfg.CheckInterval.Duration,
+		CheckTimeout:         cfg.CheckTimeout.Duration,
+		ConditionHeartbeat:   cfg.ConditionHeartbeat.Duration,
+		OwnedTaints:          cfg.OwnedTaints,
+		GatingChecks:         cfg.GatingChecks,
+		TaintStabilityWindow: window,
+		ReaddTaintOnFailure:  cfg.ReaddTaintOnFailure,
+		LeaseDuration:        cfg.LeaseDuration.Duration,
+		LeaseRenewInterval:   cfg.LeaseRenewInterval.Duration,
+		LeaseRenewTimeout:    cfg.LeaseRenewTimeout.Duration,
+		Repairer:             rep,
+		ListenAddress:        cfg.ListenAddress,
+		Logger:               log,
+	})
+	if err != nil {
+		log.Error("build agent failed", "err", err)
+		return exitUsage
+	}
+	log.Info("starting", "node", cfg.NodeName, "version", version, "config", cfg.ConfigFile)
+	if err := a.Run(ctx); err != nil {
+		log.Error("agent failed", "err", err)
+		return exitFailed
+	}
+	return exitOK
+}
+
+// checkOutput is one line of `check --output json`.
+type checkOutput struct {
+	Check   string `json:"check"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// checkRunTimeout bounds each check in `check` mode (collectors bound themselves; this is the
+// backstop).
+const checkRunTimeout = 10 * time.Second
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, build checkBuilder) int {
+	cfg, code := loadConfig(config.ModeCheck, args, stderr)
+	if cfg == nil {
+		return code
+	}
+	log := cfg.NewLogger(stderr)
+	checks, closeChecks, err := build(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "error: %v\n", err)
+		return exitUsage
+	}
+	defer closeChecks()
+
+	results := runOnce(ctx, checks, checkRunTimeout)
+	if err := printResults(stdout, cfg.Output, results); err != nil {
+		fmt.Fprintf(stderr, "error: write output: %v\n", err)
+		return exitFailed
+	}
+	var unhealthy, unknown []string
+	for _, r := range results {
+		switch r.Status {
+		case collectors.StatusHealthy:
+		case collectors.StatusUnhealthy:
+			unhealthy = append(unhealthy, r.Check)
+		default:
+			unknown = append(unknown, r.Check)
+		}
+	}
+	if len(unknown) > 0 {
+		verdict := "not counted as failures (use --strict to fail on them)"
+		if cfg.Strict {
+			verdict = "counted as failures (--strict)"
+		}
+		fmt.Fprintf(stderr, "warning: could not observe %s; %s\n", strings.Join(unknown, ", "), verdict)
+	}
+	if len(unhealthy) > 0 || (cfg.Strict && len(unknown) > 0) {
+		return exitFailed
+	}
+	return exitOK
+}
+
+// runOnce runs every check concurrently and returns the results in the checks' order. A check
+// that overruns the timeout is reported Unknown/CheckTimeout.
+func runOnce(ctx context.Context, checks []agent.Checker, timeout time.Duration) []collectors.Result {
+	results := make([]collectors.Result, len(checks))
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			ch := make(chan collectors.Result, 1)
+			go func() { ch <- c.Check(cctx) }()
+			select {
+			case results[i] = <-ch:
+			case <-cctx.Done():
+				results[i] = collectors.Result{Check: c.Name(), Status: collectors.StatusUnknown, Reason: "CheckTimeout",
+					Message: fmt.Sprintf("check did not return within %s", timeout), Err: cctx.Err()}
+			}
+			if results[i].Check == "" {
+				results[i].Check = c.Name()
+			}
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// printResults writes the results as an aligned table or a JSON array.
+func printResults(w io.Writer, format string, results []collectors.Result) error {
+	if format == config.OutputJSON {
+		out := make([]checkOutput, len(results))
+		for i, r := range results {
+			out[i] = checkOutput{Check: r.Check, Status: string(r.Status), Reason: r.Reason, Message: r.Message}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CHECK\tSTATUS\tREASON\tMESSAGE")
+	oneLine := strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Check, r.Status, r.Reason, oneLine.Replace(r.Message))
+	}
+	return tw.Flush()
+}

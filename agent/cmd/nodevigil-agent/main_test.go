@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/nodevigil/nodevigil/agent"
+	"github.com/nodevigil/nodevigil/agent/config"
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+type staticCheck struct{ r collectors.Result }
+
+func (s staticCheck) Name() string                            { return s.r.Check }
+func (s staticCheck) Check(context.Context) collectors.Result { return s.r }
+
+// fakeBuild returns a builder serving fixed results and records that the checks were closed.
+func fakeBuild(closed *bool, rs ...collectors.Result) checkBuilder {
+	return func(*config.Config, *slog.Logger) ([]agent.Checker, func(), error) {
+		var cs []agent.Checker
+		for _, r := range rs {
+			cs = append(cs, staticCheck{r})
+		}
+		return cs, func() { *closed = true }, nil
+	}
+}
+
+func res(check string, s collectors.Status, reason, msg string) collectors.Result {
+	return collectors.Result{Check: check, Status: s, Reason: reason, Message: msg}
+}
+
+func TestCheckExitCodes(t *testing.T) {
+	healthy := []collectors.Result{
+		res("memory", collectors.StatusHealthy, "NoMemoryPressure", "fine"),
+		res("kubelet", collectors.StatusHealthy, "KubeletHealthy", "fine"),
+	}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		results  []collectors.Result
+		wantCode int
+		wantErr  string
+	}{
+		{"all healthy", nil, healthy, 0, ""},
+		{"one unhealthy", nil, append(healthy, res("cni", collectors.StatusUnhealthy, "NoCNIConfig", "none")), 1, ""},
+		{"unknown only warns", nil, append(healthy, res("cni", collectors.StatusUnknown, "CNIUnreadable", "eacces")), 0,
+			"warning: could not observe cni; not counted as failures (use --strict to fail on them)"},
+		{"unknown with --strict fails", []string{"--strict"}, append(healthy, res("cni", collectors.StatusUnknown, "CNIUnreadable", "eacces")), 1,
+			"counted as failures (--strict)"},
+		{"unhealthy and unknown", nil, append(healthy, res("cni", collectors.StatusUnhealthy, "X", ""), res("kubelet-config", collectors.StatusUnknown, "Y", "")), 1, "kubelet-config"},
+		{"bad output format", []string{"--output", "yaml"}, healthy, 2, `output "yaml" is not supported`},
+		{"unknown flag", []string{"--bogus"}, healthy, 2, "flag provided but not defined: -bogus"},
+		{"run-only flag", []string{"--node-name", "n"}, healthy, 2, "-node-name"},
+		{"missing host root", []string{"--host-root", "testdata/hosts/nope"}, healthy, 2, `hostRoot "testdata/hosts/nope" is not a directory`},
+		{"help", []string{"-h"}, healthy, 0, "-output"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			closed := false
+			args := append([]string{"check", "--host-root", "testdata/hosts/healthy"}, tc.args...)
+			code := run(context.Background(), args, &stdout, &stderr, fakeBuild(&closed, tc.results...))
+			if code != tc.wantCode {
+				t.Errorf("exit = %d, want %d; stderr:\n%s", code, tc.wantCode, stderr.String())
+			}
+			if tc.wantErr != "" && !strings.Contains(stderr.String(), tc.wantErr) {
+				t.Errorf("stderr %q lacks %q", stderr.String(), tc.wantErr)
+			}
+			if tc.wantErr == "" && stderr.Len() > 0 {
+				t.Errorf("unexpected stderr %q", stderr.String())
+			}
+			if tc.wantCode != 2 && tc.name != "help" && !closed {
+				t.Error("checks not closed")
+			}
+		})
+	}
+}
+
+func TestCheckTextTable(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	closed := false
+	code := run(context.Background(), []string{"check", "--host-root", "testdata/hosts/healthy"}, &stdout, &stderr, fakeBuild(&closed,
+		res("memory", collectors.StatusHealthy, "NoMemoryPressure", "MemAvailable 5.7Gi"),
+		res("kubelet-config", collectors.StatusUnhealthy, "StartupTaintMissing", "line one\nline\ttwo"),
+	))
+	if code != 1 {
+		t.Fatalf("exit = %d", code)
+	}
+	want := "" +
+		"CHECK           STATUS     REASON               MESSAGE\n" +
+		"memory          Healthy    NoMemoryPressure     MemAvailable 5.7Gi\n" +
+		"kubelet-config  Unhealthy  StartupTaintMissing  line one line two\n"
+	if stdout.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", stdout.String(), want)
+	}
+}
+
+func TestCheckJSON(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	closed := false
+	in := []collectors.Result{
+		res("memory", collectors.StatusHealthy, "NoMemoryPressure", "fine"),
+		res("cni", collectors.StatusUnknown, "CNIUnreadable", `quote " and newline`+"\n"),
+	}
+	in[1].Err = context.DeadlineExceeded
+	code := run(context.Background(), []string{"check", "--host-root", "testdata/hosts/healthy", "--output=json"}, &stdout, &stderr, fakeBuild(&closed, in...))
+	if code != 0 {
+		t.Fatalf("exit = %d", code)
+	}
+	var got []map[string]string
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatalf("output is not a JSON array: %v\n%s", err, stdout.String())
+	}
+	if len(got) != 2 {
+		t.Fatalf("got %d objects", len(got))
+	}
+	want := map[string]string{"check": "cni", "status": "Unknown", "reason": "CNIUnreadable", "message": "quote \" and newline\n"}
+	if len(got[1]) != 4 {
+		t.Errorf("object has keys %v, want exactly check,status,reason,message", got[1])
+	}
+	for k, v := range want {
+		if got[1][k] != v {
+			t.Errorf("%s = %q, want %q", k, got[1][k], v)
+		}
+	}
+}
+
+// TestCheckOverTestdataHosts runs the real collectors over fixture host trees. There is no
+// D-Bus in the fixtures, so the kubelet verdict comes from /healthz (served by the test).
+func TestCheckOverTestdataHosts(t *testing.T) {
+	healthz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	defer healthz.Close()
+	for _, tc := range []struct {
+		host     string
+		wantCode int
+		want     map[string]string // check -> status/reason
+	}{
+		{"healthy", 0, map[string]string{
+			"memory": "Healthy/NoMemoryPressure", "kubelet": "Healthy/KubeletHealthy",
+			"cni": "Healthy/CNIReady", "kubelet-config": "Healthy/KubeletConfigValid",
+		}},
+		{"missing-plugin", 1, map[string]string{
+			"memory": "Healthy/NoMemoryPressure", "cni": "Unhealthy/CNIPluginMissing",
+		}},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), []string{"check", "--host-root", "testdata/hosts/" + tc.host,
+				"--kubelet-healthz-url", healthz.URL + "/healthz", "--output", "json", "--log-level", "error"}, &stdout, &stderr, buildChecks)
+			if code != tc.wantCode {
+				t.Errorf("exit = %d, want %d\nstdout: %s\nstderr: %s", code, tc.wantCode, stdout.String(), stderr.String())
+			}
+			var got []checkOutput
+			if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+				t.Fatalf("output: %v\n%s", err, stdout.String())
+			}
+			var order []string
+			byCheck := map[string]string{}
+			for _, o := range got {
+				order = append(order, o.Check)
+				byCheck[o.Check] = o.Status + "/" + o.Reason
+			}
+			if strings.Join(order, ",") != "memory,kubelet,cni,kubelet-config" {
+				t.Errorf("checks in order %v", order)
+			}
+			for check, want := range tc.want {
+				if byCheck[check] != want {
+					t.Errorf("%s = %s, want %s", check, byCheck[check], want)
+				}
+			}
+		})
+	}
+}
+
+func TestRunCommandErrors(t *testing.T) {
+	t.Setenv("NODE_NAME", "")
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{"run without node name", []string{"run", "--host-root", "testdata/hosts/healthy"}, 2, "nodeName is empty; set --node-name or the NODE_NAME environment variable"},
+		{"default command is run", []string{"--host-root", "testdata/hosts/healthy"}, 2, "nodeName is empty"},
+		{"unknown command", []string{"start"}, 2, `unknown command "start"`},
+		{"lease timing", []string{"run", "--node-name", "n", "--lease-renew-interval", "50s"}, 2, "set --lease-renew-interval below 40s"},
+		{"qps cap", []string{"run", "--node-name", "n", "--kube-api-qps", "20"}, 2, "kubeAPIQPS (20) must be above 0 and at most 5"},
+		{"version", []string{"version"}, 0, "nodevigil-agent dev"},
+		{"help", []string{"help"}, 0, "Usage:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			closed := false
+			code := run(context.Background(), tc.args, &stdout, &stderr, fakeBuild(&closed))
+			if code != tc.wantCode {
+				t.Errorf("exit = %d, want %d (stderr %s)", code, tc.wantCode, stderr.String())
+			}
+			if out := stdout.String() + stderr.String(); !strings.Contains(out, tc.wantOut) {
+				t.Errorf("output %q lacks %q", out, tc.wantOut)
+			}
+		})
+	}
+}

@@ -1,0 +1,243 @@
+// Command agentsteady measures the agent in steady state on a real control plane: its resident
+// memory and CPU, sampled from /proc, and the API requests it makes per minute, counted from
+// the apiserver's own apiserver_request_total (the controller manager is not started, so the
+// agent is the only writer). It prints a Markdown table for docs/benchmarks.md.
+//
+//	go run ./integration/bench/agentsteady -duration 10m
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/testbin"
+)
+
+func main() {
+	duration := flag.Duration("duration", 10*time.Minute, "steady-state measurement window (after warm-up)")
+	warmup := flag.Duration("warmup", time.Minute, "time before measuring, for start-up allocations and the first reports")
+	sample := flag.Duration("sample", 5*time.Second, "RSS sampling interval")
+	flag.Parse()
+	if err := run(*duration, *warmup, *sample); err != nil {
+		fmt.Fprintln(os.Stderr, "agentsteady:", err)
+		os.Exit(1)
+	}
+}
+
+func run(duration, warmup, sample time.Duration) error {
+	ctx := context.Background()
+	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+	client, err := cp.Client()
+	if err != nil {
+		return err
+	}
+	const nodeName, ns = "bench-node", "nodevigil-system"
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "nodevigil-agentsteady-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := writeHost(filepath.Join(dir, "host")); err != nil {
+		return err
+	}
+	healthz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	defer healthz.Close()
+	bin, err := testbin.Build(ctx, "github.com/nodevigil/nodevigil/agent/cmd/nodevigil-agent", dir, false)
+	if err != nil {
+		return err
+	}
+	// Default intervals: this measures what a real node would do.
+	agent, err := testbin.Start("nodevigil-agent", bin, []string{"run",
+		"--node-name", nodeName, "--namespace", ns, "--pod-name", "agent-bench",
+		"--kubeconfig", cp.KubeconfigPath(), "--host-root", filepath.Join(dir, "host"),
+		"--listen-address", "127.0.0.1:0", "--kubelet-healthz-url", healthz.URL + "/healthz",
+		"--log-level", "warn",
+	})
+	if err != nil {
+		return err
+	}
+	defer agent.Stop(10 * time.Second)
+
+	fmt.Fprintf(os.Stderr, "agentsteady: warming up for %s, then measuring for %s\n", warmup, duration)
+	time.Sleep(warmup)
+	if exited, err := agent.Exited(); exited {
+		return fmt.Errorf("agent exited during warm-up: %v\n%s", err, agent.LogTail(30))
+	}
+	before, err := requestCounts(ctx, cp.Config())
+	if err != nil {
+		return err
+	}
+	cpu0, err := cpuTicks(agent.Pid())
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	var rss []int64
+	for time.Since(start) < duration {
+		kb, err := rssKB(agent.Pid())
+		if err != nil {
+			return fmt.Errorf("agent gone: %w\n%s", err, agent.LogTail(30))
+		}
+		rss = append(rss, kb)
+		time.Sleep(sample)
+	}
+	elapsed := time.Since(start)
+	cpu1, err := cpuTicks(agent.Pid())
+	if err != nil {
+		return err
+	}
+	after, err := requestCounts(ctx, cp.Config())
+	if err != nil {
+		return err
+	}
+	slices.Sort(rss)
+	minutes := elapsed.Minutes()
+	const ticksPerSecond = 100 // USER_HZ on Linux
+	mcpu := float64(cpu1-cpu0) / ticksPerSecond / elapsed.Seconds() * 1000
+
+	fmt.Printf("| metric | value |\n|---|---|\n")
+	fmt.Printf("| window | %s after %s warm-up, default intervals (check 10s, lease renew 10s, condition heartbeat 5m) |\n", elapsed.Round(time.Second), warmup)
+	fmt.Printf("| RSS median | %.1f MiB |\n", float64(rss[len(rss)/2])/1024)
+	fmt.Printf("| RSS max | %.1f MiB |\n", float64(rss[len(rss)-1])/1024)
+	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
+	keys := make([]string, 0, len(after))
+	for k := range after {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if d := after[k] - before[k]; d > 0 {
+			fmt.Printf("| API %s | %.2f per minute |\n", k, d/minutes)
+		}
+	}
+	fmt.Printf("| machine | %s/%s, %d CPUs, %s |\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
+	return nil
+}
+
+// requestCounts scrapes apiserver_request_total and sums it by verb, resource and subresource
+// for the mutating verbs and reads against nodes and leases.
+func requestCounts(ctx context.Context, cfg *rest.Config) (map[string]float64, error) {
+	tc, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	httpc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.Host+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+cfg.BearerToken)
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		labels := parseLabels(line[len("apiserver_request_total{"):strings.LastIndexByte(line, '}')])
+		if labels["resource"] != "nodes" && labels["resource"] != "leases" && labels["resource"] != "events" {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			continue
+		}
+		key := labels["verb"] + " " + labels["resource"]
+		if s := labels["subresource"]; s != "" {
+			key += "/" + s
+		}
+		out[key] += v
+	}
+	return out, sc.Err()
+}
+
+func parseLabels(s string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok {
+			m[k] = strings.Trim(v, `"`)
+		}
+	}
+	return m
+}
+
+func rssKB(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			f := strings.Fields(line)
+			return strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+func cpuTicks(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return utime + stime, nil
+}
+
+func writeHost(root string) error {
+	files := map[string]struct {
+		data string
+		mode os.FileMode
+	}{
+		"proc/pressure/memory":            {"some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=500\n", 0o644},
+		"proc/meminfo":                    {"MemTotal:       8000000 kB\nMemFree:        4000000 kB\nMemAvailable:   6000000 kB\n", 0o644},
+		"etc/cni/net.d/10-bench.conflist": {`{"cniVersion":"1.0.0","name":"bench","plugins":[{"type":"bridge"}]}`, 0o644},
+		"opt/cni/bin/bridge":              {"#!/bin/sh\n", 0o755},
+	}
+	for name, f := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(f.data), f.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -2,7 +2,7 @@
 
 GO          ?= go
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -X main.version=$(VERSION)
+LDFLAGS     := -s -w -X main.version=$(VERSION)
 BIN         := bin
 # The linter is pinned and run through the Go toolchain: nothing is downloaded but modules.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2

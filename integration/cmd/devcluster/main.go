@@ -1,19 +1,29 @@
-// Command devcluster runs nodevigil on this machine for development: `paths` finds or builds
-// the control-plane binaries and prints where they are; `up` starts a local control plane and
-// prints how to talk to it, until interrupted.
+// Command devcluster runs nodevigil on this machine for development (it is what `make run`
+// runs): `paths` finds or builds the control-plane binaries and prints where they are; `up`
+// starts a local control plane, the EC2 emulator, the agent for this host and the remediator in
+// dry-run, and prints how to look at them, until interrupted.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/ec2emu"
+	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
 func main() {
@@ -40,7 +50,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: devcluster paths | up [--dir DIR]")
+	fmt.Fprintln(os.Stderr, "usage: devcluster paths | up [--dir DIR] [--bin-dir DIR]")
 }
 
 func paths(ctx context.Context) error {
@@ -56,8 +66,16 @@ func paths(ctx context.Context) error {
 func up(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	dir := fs.String("dir", "", "working directory for the control plane (default: a new temporary directory, removed on exit)")
+	binDir := fs.String("bin-dir", "bin", "where `make build` put nodevigil-agent and nodevigil-remediator")
+	agentAddr := fs.String("agent-listen", "127.0.0.1:9736", "address of the agent's /metrics, /healthz, /readyz")
+	remAddr := fs.String("remediator-listen", "127.0.0.1:9737", "address of the remediator's /metrics, /healthz, /readyz")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	for _, b := range []string{"nodevigil-agent", "nodevigil-remediator"} {
+		if _, err := os.Stat(filepath.Join(*binDir, b)); err != nil {
+			return fmt.Errorf("%s not found in %s: run `make build` first (make run does): %w", b, *binDir, err)
+		}
 	}
 	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir})
 	if err != nil {
@@ -68,11 +86,123 @@ func up(ctx context.Context, args []string) error {
 			slog.Error("stop control plane", "err", err)
 		}
 	}()
-	fmt.Printf("\ncontrol plane is up at %s\nkubeconfig: %s\ntry:        kubectl --kubeconfig %s get nodes\nCtrl-C stops everything.\n",
-		cp.URL(), cp.KubeconfigPath(), cp.KubeconfigPath())
-	<-ctx.Done()
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return nil
+
+	host, err := os.Hostname()
+	if err != nil {
+		return fmt.Errorf("hostname: %w", err)
 	}
-	return ctx.Err()
+	host = strings.ToLower(host)
+	if err := seedCluster(ctx, cp, host); err != nil {
+		return err
+	}
+
+	emu := ec2emu.New(ec2emu.Config{})
+	if err := emu.AddInstance(ec2emu.Instance{ID: devInstanceID, Zone: devZone, Tags: map[string]string{devClusterTag: "owned"}}); err != nil {
+		return err
+	}
+	if err := emu.Start(); err != nil {
+		return fmt.Errorf("start EC2 emulator: %w", err)
+	}
+	defer emu.Close()
+
+	agent, err := startChild(filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
+		"--node-name", host, "--namespace", devNamespace, "--pod-name", "nodevigil-agent-" + host,
+		"--kubeconfig", cp.KubeconfigPath(), "--host-root", "/", "--listen-address", *agentAddr,
+		"--log-format", "text",
+	})
+	if err != nil {
+		return err
+	}
+	defer stopChild("nodevigil-agent", agent)
+	rem, err := startChild(filepath.Join(*binDir, "nodevigil-remediator"), []string{
+		"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace, "--dry-run",
+		"--listen-address", *remAddr, "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
+		"--cluster-tag-key", devClusterTag, "--log-format", "text",
+	}, "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
+	if err != nil {
+		return err
+	}
+	defer stopChild("nodevigil-remediator", rem)
+
+	fmt.Printf(`
+nodevigil is running locally:
+  control plane  %[1]s (kube-apiserver, etcd, kube-controller-manager)
+  EC2 emulator   %[2]s (instance %[3]s)
+  agent          node %[4]q, metrics http://%[5]s/metrics
+  remediator     dry-run, metrics http://%[6]s/metrics
+
+  kubeconfig: %[7]s
+  try:  kubectl --kubeconfig %[7]s get node %[4]s -o yaml
+        kubectl --kubeconfig %[7]s get events -A
+        curl -s http://%[5]s/metrics | grep nodevigil_
+  The agent runs against this machine's real /proc and CNI directories; with no kubelet here it
+  reports KubeletHealthy=False, and the remediator (dry-run) says what it would do about it.
+Ctrl-C stops everything.
+`, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath())
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-agent.exited:
+		return fmt.Errorf("nodevigil-agent exited: %w", err)
+	case err := <-rem.exited:
+		return fmt.Errorf("nodevigil-remediator exited: %w", err)
+	}
+}
+
+const (
+	devNamespace  = "nodevigil-system"
+	devZone       = "us-east-1a"
+	devInstanceID = "i-0de5c1a5500000001"
+	devClusterTag = "kubernetes.io/cluster/devcluster"
+)
+
+// seedCluster creates the agent namespace and a Node for this host, as the kubelet would have
+// registered it on EC2 (with a providerID the remediator can resolve).
+func seedCluster(ctx context.Context, cp *controlplane.ControlPlane, host string) error {
+	client, err := cp.Client()
+	if err != nil {
+		return err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: devNamespace}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace: %w", err)
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: host, Labels: map[string]string{
+			"topology.kubernetes.io/zone": devZone, "kubernetes.io/hostname": host,
+		}},
+		Spec: corev1.NodeSpec{ProviderID: "aws:///" + devZone + "/" + devInstanceID},
+	}
+	if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create node %s: %w", host, err)
+	}
+	return nil
+}
+
+type child struct {
+	cmd    *exec.Cmd
+	exited chan error
+}
+
+func startChild(path string, args []string, env ...string) (*child, error) {
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), env...)
+	if err := testbin.StartTied(cmd); err != nil {
+		return nil, fmt.Errorf("start %s: %w", path, err)
+	}
+	c := &child{cmd: cmd, exited: make(chan error, 1)}
+	go func() { c.exited <- cmd.Wait() }()
+	return c, nil
+}
+
+func stopChild(name string, c *child) {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		slog.Warn("child did not stop in time; killing it", "child", name)
+		_ = c.cmd.Process.Kill()
+	}
 }

@@ -1,0 +1,129 @@
+{{/*
+nodevigil.name is the chart name, or nameOverride.
+*/}}
+{{- define "nodevigil.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+nodevigil.fullname prefixes every object name: the release name when it already contains the
+chart name (release "nodevigil" gives nodevigil-agent, nodevigil-remediator), else
+<release>-<chart>.
+*/}}
+{{- define "nodevigil.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "nodevigil.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nodevigil.agent.fullname" -}}
+{{- printf "%s-agent" (include "nodevigil.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodevigil.remediator.fullname" -}}
+{{- printf "%s-remediator" (include "nodevigil.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodevigil.agent.serviceAccountName" -}}
+{{- default (include "nodevigil.agent.fullname" .) .Values.agent.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "nodevigil.remediator.serviceAccountName" -}}
+{{- default (include "nodevigil.remediator.fullname" .) .Values.remediator.serviceAccount.name -}}
+{{- end -}}
+
+{{/*
+nodevigil.labels are the common labels of every object.
+*/}}
+{{- define "nodevigil.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "nodevigil.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: nodevigil
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+nodevigil.selectorLabels select one component's pods; call with (dict "ctx" $ "component" "agent").
+They never change across upgrades (a workload's selector is immutable).
+*/}}
+{{- define "nodevigil.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nodevigil.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "nodevigil.componentLabels" -}}
+{{ include "nodevigil.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/*
+nodevigil.image renders repository:tag or repository@digest; call with (dict "ctx" $ "image" .Values.agent.image).
+*/}}
+{{- define "nodevigil.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+nodevigil.agent.username is the agent's ServiceAccount as the API server names it in
+request.userInfo.username; the admission policies match on it.
+*/}}
+{{- define "nodevigil.agent.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "nodevigil.agent.serviceAccountName" .) -}}
+{{- end -}}
+
+{{/*
+nodevigil.celStrings renders a list of strings as a CEL list literal. The values are validated
+(taint keys and condition types are qualified names) so JSON string quoting is also CEL quoting.
+*/}}
+{{- define "nodevigil.celStrings" -}}
+{{- toJson . -}}
+{{- end -}}
+
+{{/*
+nodevigil.validate fails rendering with a message naming the value and the fix.
+*/}}
+{{- define "nodevigil.validate" -}}
+{{- if not .Values.agent.ownedTaints -}}
+{{- fail "agent.ownedTaints is empty: list at least one startup taint key (default readiness.k8s.io/nodevigil-agent-not-ready)" -}}
+{{- end -}}
+{{- range .Values.agent.ownedTaints -}}
+{{- if not (regexMatch "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" .) -}}
+{{- fail (printf "agent.ownedTaints entry %q is not a valid taint key (an optional lower-case DNS prefix and a slash, then a name; no =value or :Effect), e.g. readiness.k8s.io/nodevigil-agent-not-ready" .) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.agent.conditionTypes -}}
+{{- if not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$" .) -}}
+{{- fail (printf "agent.conditionTypes entry %q is not a condition type" .) -}}
+{{- end -}}
+{{- end -}}
+{{- range $k := list "apiVersion" "kind" "namespace" "hostRoot" "listenAddress" "ownedTaints" "kubeletRepair" "kubeletUnit" "cniConfDir" "cniBinDir" "logLevel" "logFormat" -}}
+{{- if hasKey $.Values.agent.config $k -}}
+{{- fail (printf "agent.config.%s is set by the chart; use the agent value of the same meaning (see values.yaml) instead" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey .Values.remediator.config "dryRun" -}}
+{{- fail "remediator.config.dryRun is set by the chart; set remediator.dryRun instead" -}}
+{{- end -}}
+{{- range $k := list "apiVersion" "kind" "agentNamespace" -}}
+{{- if hasKey $.Values.remediator.config $k -}}
+{{- fail (printf "remediator.config.%s is set by the chart (the agents run in the release namespace); remove it" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,91 @@
+package remediation
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Cloud is the part of EC2 the pipeline needs, one instance at a time. It is declared here, where
+// it is consumed, so the controller is tested over a fake and does not depend on the AWS SDK;
+// the binary adapts the real client (remediation/ec2) to it, batching concurrent terminations.
+type Cloud interface {
+	// Terminate requests the termination of one instance. It must be idempotent: the pipeline
+	// calls it again when it resumes a termination another leader started. The error reports
+	// a call that failed as a whole (network, throttling after retries); a refusal for this
+	// instance is reported in the outcome's Result.
+	Terminate(ctx context.Context, instanceID string) (TerminateOutcome, error)
+	// Describe reports what EC2 says about one instance; found is false when EC2 does not know
+	// it (which, right after a termination, is not proof that it is gone).
+	Describe(ctx context.Context, instanceID string) (inst Instance, found bool, err error)
+}
+
+// TerminateResult classifies one termination request. The values are those of the ec2
+// package, and label nodevigil_remediator_terminations_total.
+type TerminateResult string
+
+const (
+	// ResultTerminating: EC2 accepted the request; the instance is shutting down.
+	ResultTerminating TerminateResult = "Terminating"
+	// ResultAlreadyTerminated: the instance was already shutting down or terminated.
+	ResultAlreadyTerminated TerminateResult = "AlreadyTerminated"
+	// ResultNotOwned: the instance lacks the cluster ownership tag; it is never terminated.
+	ResultNotOwned TerminateResult = "NotOwned"
+	// ResultNotFound: EC2 does not know the instance (possibly eventual consistency).
+	ResultNotFound TerminateResult = "NotFound"
+	// ResultUnauthorized: the IAM policy does not allow the call.
+	ResultUnauthorized TerminateResult = "Unauthorized"
+	// ResultFailed: any other failure; retried with backoff.
+	ResultFailed TerminateResult = "Failed"
+	// ResultDryRun is not an EC2 result: it counts terminations dry-run mode would have made.
+	ResultDryRun TerminateResult = "DryRun"
+)
+
+// TerminateOutcome is what happened to one termination request.
+type TerminateOutcome struct {
+	Result                      TerminateResult
+	PreviousState, CurrentState string
+	// Err explains every result but Terminating and AlreadyTerminated.
+	Err error
+}
+
+// Instance is what EC2 says about one instance.
+type Instance struct {
+	ID string
+	// State is the EC2 state name: pending, running, shutting-down, terminated, stopping,
+	// stopped.
+	State string
+	Zone  string
+	// Owned reports whether the instance carries the cluster ownership tag.
+	Owned bool
+}
+
+// instanceGone reports whether an EC2 state proves the instance is going or gone.
+func instanceGone(state string) bool {
+	return state == "shutting-down" || state == "terminated"
+}
+
+var (
+	instanceIDPattern = regexp.MustCompile(`^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$`)
+	zonePattern       = regexp.MustCompile(`^[a-z0-9-]*$`)
+)
+
+// ParseProviderID extracts the zone and EC2 instance ID from a Node's spec.providerID
+// ("aws:///<zone>/<instance-id>"; "aws:////<instance-id>" without a zone). It is strict: the
+// remediator never terminates anything on a guess. It is the default of
+// Config.ParseProviderID; the binary uses the ec2 package's parser, which has the same contract.
+func ParseProviderID(providerID string) (zone, instanceID string, err error) {
+	rest, ok := strings.CutPrefix(providerID, "aws:///")
+	if !ok {
+		return "", "", fmt.Errorf("provider ID %q is not an AWS provider ID: want \"aws:///<zone>/<instance-id>\"", providerID)
+	}
+	zone, instanceID, ok = strings.Cut(rest, "/")
+	if !ok || strings.Contains(instanceID, "/") || !zonePattern.MatchString(zone) {
+		return "", "", fmt.Errorf("provider ID %q: want exactly a zone and an instance ID after \"aws:///\"", providerID)
+	}
+	if !instanceIDPattern.MatchString(instanceID) {
+		return "", "", fmt.Errorf("provider ID %q: %q is not an EC2 instance ID (want \"i-\" and 8 or 17 lower-case hex digits)", providerID, instanceID)
+	}
+	return zone, instanceID, nil
+}

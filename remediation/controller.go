@@ -1,0 +1,761 @@
+// Package remediation is the central nodevigil remediator: a leader-elected controller that
+// watches every agent heartbeat Lease, every kubelet Lease and every Node, decides with
+// remediation/decide which nodes are really dead, and takes them away per pool policy —
+// cordon, drain through the Eviction API, terminate the EC2 instance, delete the Node.
+//
+// The controller is level-based. A workqueue of node names is fed by informer events and by a
+// timed requeue at exactly the moment a node's decision can change (a Lease expiring, a
+// toleration ending); each reconcile recomputes the decision from the current cached state. No
+// decision depends on having seen an event.
+//
+// Every pipeline step is recorded on the Node (annotations, see decide.Annotation*) before it is
+// taken, in a patch guarded by the Node's resourceVersion, so a new leader resumes exactly
+// where the old one stopped and nothing is done twice. Terminating twice is harmless anyway:
+// Cloud.Terminate is idempotent.
+//
+// Safety rails (design brief §4), all applied before a node is marked and again before its
+// instance is terminated: the pool's maxUnhealthy, the pool's maxInFlight (at marking), zone
+// and cluster pauses when too many nodes are silent, and a global token bucket on terminations.
+// A new leader observes for one agent Lease duration before it judges anything stale. Dry-run
+// decides, counts and records "would terminate" (an Event, a metric, a log line and the
+// nodevigil.io/dry-run-decision annotation) and changes nothing else.
+//
+// New builds a Controller from a Config and Run runs it until its context ends or it loses
+// leadership, so tests and the binary run exactly the same code.
+package remediation
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+
+	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
+)
+
+// Component is the Event source and the leader Lease's default name.
+const Component = "nodevigil-remediator"
+
+// Defaults of Config.
+const (
+	DefaultNamespace               = "nodevigil-system"
+	DefaultKubeletLeaseNamespace   = "kube-node-lease"
+	DefaultResyncPeriod            = 5 * time.Minute
+	DefaultWorkers                 = 4
+	DefaultLeaseDuration           = 15 * time.Second
+	DefaultRenewDeadline           = 10 * time.Second
+	DefaultRetryPeriod             = 2 * time.Second
+	DefaultTerminationConfirmDelay = 2 * time.Minute
+	DefaultConfirmPollInterval     = 5 * time.Second
+	DefaultBlockedRequeue          = 30 * time.Second
+	DefaultDrainRetryInterval      = 5 * time.Second
+	DefaultCensusMaxAge            = time.Second
+	DefaultCensusInterval          = 10 * time.Second
+)
+
+// LabelAgentNode is the label every agent Lease carries; the agent informer selects on it.
+const LabelAgentNode = "nodevigil.io/node"
+
+// ErrLostLeadership is returned by Run when this replica stopped being the leader. The process
+// should exit and restart clean rather than try to lead again with state from its first term.
+var ErrLostLeadership = errors.New("remediation: lost leadership")
+
+// Config configures a Controller. Only Client is required; every other zero value takes the
+// default named on the field.
+type Config struct {
+	// Client talks to the API server.
+	Client kubernetes.Interface
+	// Cloud terminates and describes instances. Required unless Remediator.DryRun.
+	Cloud Cloud
+	// Remediator is the validated policy configuration. Default config.Default() (dry-run).
+	Remediator *config.Config
+	// Namespace holds the leader Lease. Default DefaultNamespace.
+	Namespace string
+	// KubeletLeaseNamespace holds the kubelets' Leases. Default kube-node-lease.
+	KubeletLeaseNamespace string
+	// LeaderElection configures leader election; disabled in the zero value (tests, a single
+	// replica). The binary enables it.
+	LeaderElection LeaderElectionConfig
+	// ResyncPeriod is the informers' resync: every node is reconsidered at least this often.
+	// Default 5m.
+	ResyncPeriod time.Duration
+	// Workers is how many nodes are reconciled concurrently. Default 4.
+	Workers int
+	// ObservePeriod is how long a new leader watches before judging anything stale. Default
+	// the agent Lease duration.
+	ObservePeriod time.Duration
+	// TerminationConfirmDelay is how long after a termination request EC2's NotFound is taken
+	// as proof the instance is gone (NotFound earlier may be eventual consistency). Default 2m.
+	TerminationConfirmDelay time.Duration
+	// ConfirmPollInterval is how often a requested termination is re-described until
+	// confirmed. Default 5s.
+	ConfirmPollInterval time.Duration
+	// BlockedRequeue is when a node blocked by a safety rail is looked at again. Default 30s.
+	BlockedRequeue time.Duration
+	// DrainRetryInterval is how soon refused evictions are retried. Default 5s.
+	DrainRetryInterval time.Duration
+	// ParseProviderID extracts zone and instance ID from spec.providerID. Default
+	// ParseProviderID.
+	ParseProviderID func(providerID string) (zone, instanceID string, err error)
+	// Clock is the time source of decisions, requeues and the rate limiter. Default real.
+	Clock clock.WithTicker
+	// Registry receives the metrics and is served on /metrics. Default a new private registry.
+	Registry *prometheus.Registry
+	// Recorder records Events. Default: a broadcaster writing to the API server.
+	Recorder record.EventRecorder
+	// Logger receives structured logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// LeaderElectionConfig configures leader election through a coordination Lease.
+type LeaderElectionConfig struct {
+	// Enabled turns leader election on: only the holder of the Lease acts.
+	Enabled bool
+	// LeaseName is the Lease's name in Config.Namespace. Default "nodevigil-remediator".
+	LeaseName string
+	// Identity names this replica in the Lease. Default: $POD_NAME (or the host name) and a
+	// random suffix, so a restarted pod never inherits its predecessor's term.
+	Identity string
+	// LeaseDuration, RenewDeadline and RetryPeriod are client-go's. Defaults 15s, 10s, 2s.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Controller is the remediator. Build it with New, run it with Run.
+type Controller struct {
+	cfg      Config
+	rc       *config.Config
+	client   kubernetes.Interface
+	cloud    Cloud
+	clock    clock.WithTicker
+	log      *slog.Logger
+	recorder record.EventRecorder
+	bcast    record.EventBroadcaster
+	registry *prometheus.Registry
+	metrics  *metrics
+	limiter  *rate.Limiter
+	parseID  func(string) (string, string, error)
+	observe  time.Duration
+
+	factories     []informers.SharedInformerFactory
+	nodes         corelisters.NodeLister
+	kubeletLeases coordinationlisters.LeaseNamespaceLister
+	agentLeases   coordinationlisters.LeaseNamespaceLister
+	synced        []cache.InformerSynced
+	queue         workqueue.TypedRateLimitingInterface[string]
+	leHealth      *leaderelection.HealthzAdaptor
+
+	ran            atomic.Bool
+	leading        atomic.Bool
+	observingSince atomic.Int64 // UnixNano; 0 before leading
+
+	mu     sync.Mutex
+	memory map[string]*nodeMemory
+
+	gateMu       sync.Mutex
+	census       *census
+	reservations map[string]reservation
+}
+
+// nodeMemory is what the controller remembers about a node between reconciles, only to report
+// changes once (Events, counters); decisions never depend on it.
+type nodeMemory struct {
+	action    decide.Action
+	reason    string
+	block     string
+	detected  map[string]bool
+	unhealthy bool
+}
+
+// New builds a Controller. It validates cfg, registers metrics and informers, and does not talk
+// to the API server until Run.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("remediation: Config.Client is required")
+	}
+	if cfg.Remediator == nil {
+		cfg.Remediator = config.Default()
+	}
+	if cfg.Cloud == nil && !cfg.Remediator.DryRun {
+		return nil, errors.New("remediation: Config.Cloud is required unless the configuration is in dry-run mode")
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if cfg.KubeletLeaseNamespace == "" {
+		cfg.KubeletLeaseNamespace = DefaultKubeletLeaseNamespace
+	}
+	le := &cfg.LeaderElection
+	if le.LeaseName == "" {
+		le.LeaseName = Component
+	}
+	if le.Identity == "" {
+		id, err := DefaultIdentity()
+		if err != nil {
+			return nil, err
+		}
+		le.Identity = id
+	}
+	setDefault(&le.LeaseDuration, DefaultLeaseDuration)
+	setDefault(&le.RenewDeadline, DefaultRenewDeadline)
+	setDefault(&le.RetryPeriod, DefaultRetryPeriod)
+	if le.Enabled && le.LeaseDuration <= le.RenewDeadline {
+		return nil, fmt.Errorf("remediation: leader election lease duration %s must be longer than the renew deadline %s", le.LeaseDuration, le.RenewDeadline)
+	}
+	setDefault(&cfg.ResyncPeriod, DefaultResyncPeriod)
+	setDefault(&cfg.ObservePeriod, cfg.Remediator.AgentLeaseDuration)
+	setDefault(&cfg.TerminationConfirmDelay, DefaultTerminationConfirmDelay)
+	setDefault(&cfg.ConfirmPollInterval, DefaultConfirmPollInterval)
+	setDefault(&cfg.BlockedRequeue, DefaultBlockedRequeue)
+	setDefault(&cfg.DrainRetryInterval, DefaultDrainRetryInterval)
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultWorkers
+	}
+	if cfg.ParseProviderID == nil {
+		cfg.ParseProviderID = ParseProviderID
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+
+	m, err := newMetrics(cfg.Registry)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		cfg:          cfg,
+		rc:           cfg.Remediator,
+		client:       cfg.Client,
+		cloud:        cfg.Cloud,
+		clock:        cfg.Clock,
+		log:          cfg.Logger,
+		registry:     cfg.Registry,
+		metrics:      m,
+		parseID:      cfg.ParseProviderID,
+		observe:      cfg.ObservePeriod,
+		limiter:      rate.NewLimiter(rate.Limit(cfg.Remediator.TerminationRateLimit.PerMinute/60), cfg.Remediator.TerminationRateLimit.Burst),
+		memory:       map[string]*nodeMemory{},
+		reservations: map[string]reservation{},
+		leHealth:     leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
+	}
+	c.recorder = cfg.Recorder
+	if c.recorder == nil {
+		c.bcast = record.NewBroadcaster()
+		c.recorder = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component})
+	}
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Clock: cfg.Clock},
+	)
+
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
+	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
+	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelAgentNode }))
+	c.factories = []informers.SharedInformerFactory{nodeFactory, kubeletFactory, agentFactory}
+
+	nodeInf := nodeFactory.Core().V1().Nodes()
+	kubeletInf := kubeletFactory.Coordination().V1().Leases()
+	agentInf := agentFactory.Coordination().V1().Leases()
+	c.nodes = nodeInf.Lister()
+	c.kubeletLeases = kubeletInf.Lister().Leases(cfg.KubeletLeaseNamespace)
+	c.agentLeases = agentInf.Lister().Leases(cfg.Remediator.AgentNamespace)
+
+	regs := []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{
+		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.enqueueObject(obj) },
+			UpdateFunc: func(_, obj any) { c.enqueueObject(obj) },
+			DeleteFunc: c.nodeDeleted,
+		}},
+		{kubeletInf.Informer(), c.leaseHandler()},
+		{agentInf.Informer(), c.leaseHandler()},
+	}
+	for _, r := range regs {
+		if _, err := r.inf.AddEventHandler(r.h); err != nil {
+			return nil, fmt.Errorf("remediation: add event handler: %w", err)
+		}
+		c.synced = append(c.synced, r.inf.HasSynced)
+	}
+	return c, nil
+}
+
+func setDefault(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+// DefaultIdentity returns the leader election identity of this replica: $POD_NAME (or the host
+// name) and a random suffix.
+func DefaultIdentity() (string, error) {
+	name := os.Getenv("POD_NAME")
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return "", fmt.Errorf("remediation: leader identity: %w", err)
+		}
+		name = h
+	}
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("remediation: leader identity: %w", err)
+	}
+	return name + "_" + hex.EncodeToString(b[:]), nil
+}
+
+// Registry returns the registry the metrics are registered on.
+func (c *Controller) Registry() *prometheus.Registry { return c.registry }
+
+// Identity returns this replica's leader election identity.
+func (c *Controller) Identity() string { return c.cfg.LeaderElection.Identity }
+
+// IsLeader reports whether this replica currently acts.
+func (c *Controller) IsLeader() bool { return c.leading.Load() }
+
+// Ready reports whether the informers have synced.
+func (c *Controller) Ready() bool {
+	for _, s := range c.synced {
+		if !s() {
+			return false
+		}
+	}
+	return true
+}
+
+// Handler serves /healthz (the process is alive and, when leading, renewing its Lease),
+// /readyz (informers synced) and /metrics.
+func (c *Controller) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := c.leHealth.Check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !c.Ready() {
+			http.Error(w, "informers not synced", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{Registry: c.registry}))
+	return mux
+}
+
+// Run starts the informers, waits for them to sync, then acts — at once without leader
+// election, or while holding the leader Lease. It returns nil when ctx ends and
+// ErrLostLeadership when leadership is lost. Run may be called once.
+func (c *Controller) Run(ctx context.Context) error {
+	if !c.ran.CompareAndSwap(false, true) {
+		return errors.New("remediation: Run called twice")
+	}
+	defer c.queue.ShutDown()
+	if c.bcast != nil {
+		c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer c.bcast.Shutdown()
+	}
+	// The informers stop with this context, which ends when Run returns for any reason (the
+	// parent ending or leadership lost).
+	ctx, cancel := context.WithCancel(ctx)
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+	}
+	defer func() {
+		cancel()
+		for _, f := range c.factories {
+			f.Shutdown()
+		}
+	}()
+	c.log.Info("waiting for informers to sync")
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("remediation: informers did not sync")
+	}
+	c.log.Info("informers synced", "dry_run", c.rc.DryRun, "policies", len(c.rc.Policies))
+
+	if !c.cfg.LeaderElection.Enabled {
+		c.lead(ctx)
+		return nil
+	}
+	return c.runElected(ctx)
+}
+
+func (c *Controller) runElected(ctx context.Context) error {
+	le := c.cfg.LeaderElection
+	// started and done let Run wait for the leading goroutine client-go starts, so that nothing
+	// acts any more once Run has returned.
+	started, done := make(chan struct{}), make(chan struct{})
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Name: le.LeaseName, Namespace: c.cfg.Namespace},
+			Client:     c.client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: le.Identity},
+		},
+		LeaseDuration:   le.LeaseDuration,
+		RenewDeadline:   le.RenewDeadline,
+		RetryPeriod:     le.RetryPeriod,
+		ReleaseOnCancel: true,
+		Name:            Component,
+		WatchDog:        c.leHealth,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				close(started)
+				defer close(done)
+				c.lead(lctx)
+			},
+			OnStoppedLeading: func() {
+				c.leading.Store(false)
+				c.metrics.isLeader.Set(0)
+			},
+			OnNewLeader: func(id string) {
+				c.log.Info("leader elected", "lease", le.LeaseName, "leader", id, "self", id == le.Identity)
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("remediation: leader election: %w", err)
+	}
+	c.log.Info("waiting for leadership", "lease", le.LeaseName, "identity", le.Identity)
+	elector.Run(ctx)
+	// The leading context is cancelled when Run returns; wait until nothing acts any more.
+	select {
+	case <-started:
+		<-done
+	default:
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return ErrLostLeadership
+}
+
+// lead acts until ctx ends: the workers reconcile nodes and the census refreshes the gauges.
+func (c *Controller) lead(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	now := c.clock.Now()
+	c.observingSince.Store(now.UnixNano())
+	c.leading.Store(true)
+	c.metrics.isLeader.Set(1)
+	c.log.Info("leading: observing before judging anything stale", "duration", c.observe)
+	defer func() {
+		c.leading.Store(false)
+		c.metrics.isLeader.Set(0)
+	}()
+
+	if nodes, err := c.nodes.List(labels.Everything()); err == nil {
+		for _, n := range nodes {
+			c.queue.Add(n.Name)
+		}
+	}
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c.processNext(ctx) {
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := c.clock.NewTicker(DefaultCensusInterval)
+		defer t.Stop()
+		for {
+			c.refreshCensus(c.clock.Now())
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+			}
+		}
+	}()
+	<-ctx.Done()
+	c.queue.ShutDown()
+	wg.Wait()
+	c.log.Info("stopped acting")
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	name, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(name)
+	if ctx.Err() != nil {
+		return false
+	}
+	requeue, err := c.syncNode(ctx, name)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			c.log.Warn("reconcile failed", "node", name, "err", err)
+		}
+		c.queue.AddRateLimited(name)
+	default:
+		c.queue.Forget(name)
+		if requeue > 0 {
+			c.queue.AddAfter(name, min(requeue, c.cfg.ResyncPeriod))
+		}
+	}
+	return true
+}
+
+func (c *Controller) enqueueObject(obj any) {
+	if n, ok := obj.(metav1.Object); ok {
+		c.queue.Add(n.GetName())
+	}
+}
+
+func (c *Controller) nodeDeleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	n, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	c.forget(n.GetName())
+	c.queue.Add(n.GetName())
+}
+
+// leaseHandler enqueues the node of a Lease event. Lease renewals are the bulk of all events
+// (two per node every 10 s); a renewal of a Lease that was fresh changes no decision, since the
+// node is already requeued for the moment that Lease would expire. So an update is enqueued
+// only when it can matter: the old Lease had expired (a node coming back), the node is being
+// watched for a problem, or it is a periodic resync.
+func (c *Controller) leaseHandler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: c.enqueueObject,
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*coordinationv1.Lease)
+			n, ok2 := newObj.(*coordinationv1.Lease)
+			if !ok1 || !ok2 {
+				c.enqueueObject(newObj)
+				return
+			}
+			if o.ResourceVersion == n.ResourceVersion || leaseExpired(o, c.clock.Now()) || c.watched(n.Name) {
+				c.queue.Add(n.Name)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			c.enqueueObject(obj)
+		},
+	}
+}
+
+func leaseExpired(l *coordinationv1.Lease, now time.Time) bool {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return true
+	}
+	return !now.Before(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
+}
+
+// watched reports whether the node's last decision was anything but plain healthy.
+func (c *Controller) watched(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m, ok := c.memory[name]
+	return !ok || m.reason != decide.ReasonHealthy
+}
+
+func (c *Controller) forget(name string) {
+	c.mu.Lock()
+	delete(c.memory, name)
+	c.mu.Unlock()
+	c.gateMu.Lock()
+	delete(c.reservations, name)
+	c.gateMu.Unlock()
+}
+
+func (c *Controller) observingSinceTime() time.Time {
+	ns := c.observingSince.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// input gathers everything Decide needs about one node from the caches.
+func (c *Controller) input(node *corev1.Node, p *config.Policy, now time.Time) decide.Input {
+	in := decide.Input{
+		Node:               node,
+		Policy:             p,
+		Now:                now,
+		ObservingSince:     c.observingSinceTime(),
+		ObservePeriod:      c.observe,
+		AgentLeaseDuration: c.rc.AgentLeaseDuration,
+	}
+	if l, err := c.kubeletLeases.Get(node.Name); err == nil {
+		in.KubeletLease = l
+	}
+	if l, err := c.agentLeases.Get(node.Name); err == nil {
+		in.AgentLease = l
+	}
+	return in
+}
+
+// syncNode reconciles one node and returns when to look at it again.
+func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, error) {
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.forget(name)
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("get node from cache: %w", err)
+	}
+	now := c.clock.Now()
+	p := c.rc.PolicyFor(node.Labels)
+	d := decide.Decide(c.input(node, p, now))
+	c.report(node, p, d, now)
+
+	switch d.Action {
+	case decide.ActionRemediate:
+		if c.rc.DryRun {
+			return c.dryRun(ctx, node, p, d, now)
+		}
+		return c.remediate(ctx, node, p, d, now)
+	case decide.ActionRelease:
+		return c.release(ctx, node, d)
+	}
+	if !d.Unhealthy && d.Action == decide.ActionNone {
+		if err := c.clearDryRun(ctx, node); err != nil {
+			return 0, err
+		}
+	}
+	return d.RequeueAfter, nil
+}
+
+// report turns a change of decision into an Event, a counter increment and a log line, and
+// observes detection latency once per episode.
+func (c *Controller) report(node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) {
+	c.mu.Lock()
+	m, ok := c.memory[node.Name]
+	if !ok {
+		m = &nodeMemory{detected: map[string]bool{}}
+		c.memory[node.Name] = m
+	}
+	changed := m.action != d.Action || m.reason != d.Reason
+	first := !ok
+	wasUnhealthy := m.unhealthy
+	m.action, m.reason, m.unhealthy = d.Action, d.Reason, d.Unhealthy
+	newDetection := false
+	for _, r := range detectionReasons {
+		if d.Reason == r && !m.detected[r] {
+			m.detected[r], newDetection = true, true
+		}
+	}
+	if d.Reason == decide.ReasonHealthy {
+		clear(m.detected)
+		m.block = ""
+	}
+	c.mu.Unlock()
+
+	if newDetection && !d.Since.IsZero() && c.leading.Load() && d.Since.After(c.observingSinceTime()) {
+		c.metrics.detection.WithLabelValues(d.Reason).Observe(now.Sub(d.Since).Seconds())
+	}
+	if !changed || (first && d.Reason == decide.ReasonHealthy) {
+		return
+	}
+	c.metrics.decisions.WithLabelValues(d.Reason).Inc()
+	log := c.log.With("node", node.Name, "reason", d.Reason, "policy", p.Name, "action", string(d.Action))
+	switch {
+	case d.Reason == decide.ReasonHealthy && wasUnhealthy:
+		c.recorder.Event(node, corev1.EventTypeNormal, d.Reason, d.Message)
+		log.Info("node healthy again")
+	case eventful(d.Reason) && (d.Reason != decide.ReasonDoNotRemediate || d.Unhealthy || d.Silent):
+		c.recorder.Event(node, corev1.EventTypeWarning, d.Reason, d.Message)
+		log.Warn("decision changed", "message", d.Message)
+	default:
+		log.Debug("decision changed", "message", d.Message)
+	}
+}
+
+// eventful reasons are worth an Event on the Node when a node enters them; the others are
+// transient (startup, observation) or the steady state.
+func eventful(reason string) bool {
+	switch reason {
+	case decide.ReasonKubeletUnhealthy, decide.ReasonNodeSilent, decide.ReasonConditionUnhealthy,
+		decide.ReasonStartupDeadlineExceeded, decide.ReasonAgentSilent, decide.ReasonAgentNeverSeen,
+		decide.ReasonRemediationDisabled, decide.ReasonDoNotRemediate:
+		return true
+	}
+	return false
+}
+
+// blocked reports a step not taken, once per change of block reason for the node.
+func (c *Controller) blocked(node *corev1.Node, reason, message string) {
+	c.mu.Lock()
+	m, ok := c.memory[node.Name]
+	if !ok {
+		m = &nodeMemory{detected: map[string]bool{}}
+		c.memory[node.Name] = m
+	}
+	changed := m.block != reason
+	m.block = reason
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	c.metrics.blocked.WithLabelValues(reason).Inc()
+	c.recorder.Event(node, corev1.EventTypeWarning, reason, message)
+	c.log.Warn("remediation blocked", "node", node.Name, "reason", reason, "message", message)
+}
+
+// unblocked clears the node's block reason after a step succeeded.
+func (c *Controller) unblocked(name string) {
+	c.mu.Lock()
+	if m, ok := c.memory[name]; ok {
+		m.block = ""
+	}
+	c.mu.Unlock()
+}

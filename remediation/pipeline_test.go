@@ -1,0 +1,525 @@
+package remediation
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/nodevigil/nodevigil/remediation/decide"
+)
+
+// TestPipelineRecordsEachStepBeforeTakingIt drives a silent node through the whole pipeline and
+// checks the order of what reached the API server and EC2.
+func TestPipelineRecordsEachStepBeforeTakingIt(t *testing.T) {
+	h := newHarness(t, nil)
+	n := h.silent(newNode("dead"))
+	h.add(
+		newPod("app", "web-1", "dead"),
+		newPod("kube-system", "ds-1", "dead", func(p *corev1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true), APIVersion: appsv1.SchemeGroupVersion.String()}}
+		}),
+		newPod("kube-system", "static-1", "dead", func(p *corev1.Pod) { p.Annotations[mirrorPodAnnotation] = "x" }),
+		newPod("app", "done-1", "dead", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+		newPod("app", "elsewhere", "other-node"),
+	)
+	// Every eviction must happen while the node records Draining.
+	h.onEvict = func(ns, pod string) {
+		got, _ := h.client.Tracker().Get(nodesGVR, "", "dead")
+		if s := got.(*corev1.Node).Annotations[decide.AnnotationState]; s != string(decide.PhaseDraining) {
+			t.Errorf("evicting %s/%s while the node records %q, want Draining", ns, pod, s)
+		}
+	}
+
+	h.drive("dead", 10)
+
+	want := []string{
+		"patch dead Marked",
+		"patch dead Cordoned",
+		"patch dead Draining",
+		"evict app/web-1",
+		"patch dead Terminating",
+		"patch dead Terminated",
+		"delete dead",
+	}
+	if got := h.Steps(); !slices.Equal(got, want) {
+		t.Errorf("steps:\n got %q\nwant %q", got, want)
+	}
+	if got := h.cloud.Terminates(); !slices.Equal(got, []string{instanceOf(n)}) {
+		t.Errorf("Terminate calls = %v, want one for %s", got, instanceOf(n))
+	}
+	if !slices.Equal(h.cloud.stateAtTerminate, []string{string(decide.PhaseTerminating)}) {
+		t.Errorf("state recorded at Terminate = %v, want [Terminating]", h.cloud.stateAtTerminate)
+	}
+	if !h.nodeGone("dead") {
+		t.Error("node object still exists")
+	}
+	ev := h.events()
+	for _, r := range []string{decide.ReasonNodeSilent, EventRemediationStarted, EventCordoned, EventDrainStarted, EventDrainCompleted, EventTerminationRequested, EventInstanceTerminated, EventNodeDeleted} {
+		if !hasEvent(ev, r) {
+			t.Errorf("no %s event in %q", r, ev)
+		}
+	}
+	if got := testutil.ToFloat64(h.c.metrics.terminations.WithLabelValues(string(ResultTerminating))); got != 1 {
+		t.Errorf("terminations_total{Terminating} = %v, want 1", got)
+	}
+	if got := testutil.CollectAndCount(h.c.metrics.terminateLatency); got != 1 {
+		t.Errorf("termination latency observations = %d, want 1", got)
+	}
+}
+
+func TestCordonedStateCarriesTaintAndCordon(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "policies:\n- name: db\n  nodeSelector: karpenter.sh/nodepool=db\n  action: CordonOnly\n"))
+	h.silent(newNode("db-1", inPool("db")))
+	h.add(newPod("app", "pg-0", "db-1"))
+	h.drive("db-1", 5)
+
+	n := h.node("db-1")
+	if !n.Spec.Unschedulable || !hasTaint(n.Spec.Taints) || decide.PhaseOf(n) != decide.PhaseCordoned {
+		t.Errorf("CordonOnly node: unschedulable %v, taint %v, state %q; want cordoned, tainted, Cordoned", n.Spec.Unschedulable, hasTaint(n.Spec.Taints), decide.PhaseOf(n))
+	}
+	if got := h.Steps(); !slices.Equal(got, []string{"patch db-1 Marked", "patch db-1 Cordoned"}) {
+		t.Errorf("steps = %q: CordonOnly must stop after the cordon", got)
+	}
+	if len(h.cloud.Terminates()) != 0 {
+		t.Error("CordonOnly terminated an instance")
+	}
+	// Running again changes nothing: the pipeline is finished for this policy.
+	if _, err := h.sync("db-1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(h.Steps()); got != 2 {
+		t.Errorf("a second reconcile of a cordoned CordonOnly node wrote again (%d steps)", got)
+	}
+}
+
+// TestResumeFromEachRecordedState starts from every phase a previous leader may have left on
+// the node and checks that the new leader finishes the job without repeating a step.
+func TestResumeFromEachRecordedState(t *testing.T) {
+	tests := []struct {
+		phase         decide.Phase
+		instanceState string // EC2's view when the new leader arrives
+		wantSteps     []string
+		wantTerminate int
+	}{
+		{decide.PhaseMarked, "running", []string{"patch n Cordoned", "patch n Draining", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
+		{decide.PhaseCordoned, "running", []string{"patch n Draining", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
+		{decide.PhaseDraining, "running", []string{"patch n Terminating", "patch n Terminated", "delete n"}, 1},
+		// The old leader recorded Terminating and died before (or after) calling EC2.
+		{decide.PhaseTerminating, "running", []string{"patch n Terminated", "delete n"}, 1},
+		{decide.PhaseTerminating, "shutting-down", []string{"patch n Terminated", "delete n"}, 0},
+		{decide.PhaseTerminating, "terminated", []string{"patch n Terminated", "delete n"}, 0},
+		{decide.PhaseTerminated, "terminated", []string{"delete n"}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.phase)+"/"+tt.instanceState, func(t *testing.T) {
+			h := newHarness(t, nil)
+			n := h.silent(newNode("n", inPhase(tt.phase)))
+			h.cloud.addInstance(n, tt.instanceState)
+			h.drive("n", 10)
+			if got := h.Steps(); !slices.Equal(got, tt.wantSteps) {
+				t.Errorf("steps:\n got %q\nwant %q", got, tt.wantSteps)
+			}
+			if got := len(h.cloud.Terminates()); got != tt.wantTerminate {
+				t.Errorf("Terminate called %d times, want %d", got, tt.wantTerminate)
+			}
+			if !h.nodeGone("n") {
+				t.Error("node not deleted")
+			}
+		})
+	}
+}
+
+// TestTerminatingResumesEvenIfNodeLooksHealthy: the termination request is the point of no
+// return; a leader finding it finishes it.
+func TestTerminatingResumesEvenIfNodeLooksHealthy(t *testing.T) {
+	h := newHarness(t, nil)
+	n := h.healthy(newNode("n", inPhase(decide.PhaseTerminating)))
+	h.cloud.addInstance(n, "shutting-down")
+	h.drive("n", 5)
+	if !h.nodeGone("n") {
+		t.Errorf("node in Terminating not finished; steps %q", h.Steps())
+	}
+}
+
+func TestTerminateIsIdempotentAcrossRequeues(t *testing.T) {
+	h := newHarness(t, nil)
+	n := h.silent(newNode("n"))
+	id := instanceOf(n)
+	// EC2 accepts the termination but keeps reporting running for a while.
+	h.cloud.keepRunning = true
+	requeue, err := h.sync("n") // mark … terminate; the confirmation is not possible yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	if requeue != DefaultConfirmPollInterval || decide.PhaseOf(h.node("n")) != decide.PhaseTerminating {
+		t.Fatalf("requeue %s, state %q: want to poll for the confirmation in Terminating", requeue, decide.PhaseOf(h.node("n")))
+	}
+	h.clock.Step(requeue)
+	if _, err := h.sync("n"); err != nil { // re-describes: running → requests again
+		t.Fatal(err)
+	}
+	if got := h.cloud.Terminates(); !slices.Equal(got, []string{id, id}) {
+		t.Fatalf("Terminate calls = %v, want 2 (one re-request while EC2 still shows running)", got)
+	}
+	h.cloud.mu.Lock()
+	h.cloud.instances[id] = "shutting-down" // EC2 caught up
+	h.cloud.mu.Unlock()
+	h.clock.Step(requeue)
+	if _, err := h.sync("n"); err != nil { // describes: shutting-down → confirmed, deleted
+		t.Fatal(err)
+	}
+	if !h.nodeGone("n") {
+		t.Errorf("node not deleted; steps %q", h.Steps())
+	}
+	if got := h.cloud.Terminates(); len(got) != 2 {
+		t.Errorf("Terminate calls after confirmation = %d, want still 2", len(got))
+	}
+	if got := strings.Count(strings.Join(h.Steps(), ","), "patch n Terminating"); got != 1 {
+		t.Errorf("Terminating recorded %d times, want once", got)
+	}
+}
+
+// TestNotFoundIsProofOnlyAfterTheConfirmDelay: EC2 forgetting an instance right after it was
+// terminated may be eventual consistency; only after the confirm delay is it taken as gone.
+func TestNotFoundIsProofOnlyAfterTheConfirmDelay(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {enabled: false}\n"))
+	h.cloud.hideAfterTerminate = true
+	h.silent(newNode("n"))
+	requeue, err := h.sync("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.nodeGone("n") || decide.PhaseOf(h.node("n")) != decide.PhaseTerminating {
+		t.Fatalf("after a NotFound describe right after terminating: state %q, want still Terminating", decide.PhaseOf(h.node("n")))
+	}
+	// Polls while the confirm delay runs.
+	for elapsed := time.Duration(0); elapsed < DefaultTerminationConfirmDelay-requeue; elapsed += requeue {
+		h.clock.Step(requeue)
+		if requeue, err = h.sync("n"); err != nil {
+			t.Fatal(err)
+		}
+		if h.nodeGone("n") {
+			t.Fatalf("node deleted %s after the termination request, before the confirm delay %s", elapsed+requeue, DefaultTerminationConfirmDelay)
+		}
+	}
+	h.clock.Step(DefaultTerminationConfirmDelay)
+	h.drive("n", 3)
+	if !h.nodeGone("n") {
+		t.Errorf("node not deleted after the confirm delay; steps %q", h.Steps())
+	}
+}
+
+func TestReleaseOnRecovery(t *testing.T) {
+	for _, tt := range []struct {
+		name             string
+		wasUnschedulable bool
+		phase            decide.Phase
+		wantUnsched      bool
+	}{
+		{"cordoned by us", false, decide.PhaseDraining, false},
+		{"cordoned by an operator before", true, decide.PhaseCordoned, true},
+		{"only marked", false, decide.PhaseMarked, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			opts := []nodeOpt{inPhase(tt.phase), func(n *corev1.Node) {
+				n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "other", Effect: corev1.TaintEffectNoSchedule})
+			}}
+			if tt.wasUnschedulable {
+				opts = append(opts, withAnnotation(decide.AnnotationWasUnschedulable, "true"))
+			}
+			h.healthy(newNode("n", opts...))
+			if _, err := h.sync("n"); err != nil {
+				t.Fatal(err)
+			}
+			n := h.node("n")
+			for _, k := range pipelineAnnotations {
+				if _, ok := n.Annotations[k]; ok {
+					t.Errorf("annotation %s still present after release", k)
+				}
+			}
+			if hasTaint(n.Spec.Taints) {
+				t.Error("remediating taint still present")
+			}
+			if len(n.Spec.Taints) != 1 || n.Spec.Taints[0].Key != "other" {
+				t.Errorf("taints = %v, want only the foreign one kept", n.Spec.Taints)
+			}
+			if n.Spec.Unschedulable != tt.wantUnsched {
+				t.Errorf("unschedulable = %v, want %v", n.Spec.Unschedulable, tt.wantUnsched)
+			}
+			if !hasEvent(h.events(), EventReleased) {
+				t.Error("no Released event")
+			}
+			if len(h.cloud.Terminates()) != 0 {
+				t.Error("a recovered node's instance was terminated")
+			}
+		})
+	}
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "dryRun: true\n"))
+	h.silent(newNode("dead"))
+	h.add(newPod("app", "web-1", "dead"))
+	for range 3 {
+		if _, err := h.sync("dead"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.Steps(); !slices.Equal(got, []string{"patch dead dry-run"}) {
+		t.Errorf("dry-run wrote %q, want only the dry-run-decision annotation, once", got)
+	}
+	n := h.node("dead")
+	if n.Spec.Unschedulable || hasTaint(n.Spec.Taints) || decide.PhaseOf(n) != decide.PhaseNone {
+		t.Error("dry-run cordoned, tainted or marked the node")
+	}
+	if v := n.Annotations[decide.AnnotationDryRunDecision]; !strings.HasPrefix(v, "Terminate NodeSilent ") {
+		t.Errorf("dry-run decision = %q", v)
+	}
+	if len(h.cloud.Terminates()) != 0 {
+		t.Error("dry-run terminated an instance")
+	}
+	if !hasEvent(h.events(), EventWouldTerminate) {
+		t.Error("no WouldTerminate event")
+	}
+	if got := testutil.ToFloat64(h.c.metrics.terminations.WithLabelValues(string(ResultDryRun))); got != 1 {
+		t.Errorf("terminations_total{DryRun} = %v, want 1", got)
+	}
+
+	// Recovery removes the dry-run record and nothing else.
+	h.renew(DefaultKubeletLeaseNamespace, "dead", t0)
+	h.renew(h.c.rc.AgentNamespace, "dead", t0)
+	if _, err := h.sync("dead"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.node("dead").Annotations[decide.AnnotationDryRunDecision]; ok {
+		t.Error("dry-run decision kept after recovery")
+	}
+}
+
+func TestDryRunDoesNotAdvanceRecordedPipeline(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "dryRun: true\n"))
+	h.silent(newNode("n", inPhase(decide.PhaseDraining)))
+	h.add(newPod("app", "web-1", "n"))
+	if _, err := h.sync("n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Steps(); len(got) != 0 {
+		t.Errorf("dry-run advanced a recorded pipeline: %q", got)
+	}
+}
+
+func TestMalformedProviderIDGetsEventAndNoAction(t *testing.T) {
+	for _, id := range []string{"", "gce://project/zone/vm", "aws:///us-east-1a/not-an-instance", "aws:///us-east-1a/i-0123/extra"} {
+		t.Run(id, func(t *testing.T) {
+			h := newHarness(t, nil)
+			h.silent(newNode("n", withProviderID(id)))
+			requeue, err := h.sync("n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := h.Steps(); len(got) != 0 {
+				t.Errorf("wrote %q for provider ID %q", got, id)
+			}
+			if !hasEvent(h.events(), BlockInvalidProviderID) {
+				t.Error("no InvalidProviderID event")
+			}
+			if requeue <= 0 {
+				t.Error("no requeue: a blocked node must be looked at again")
+			}
+			if got := testutil.ToFloat64(h.c.metrics.blocked.WithLabelValues(BlockInvalidProviderID)); got != 1 {
+				t.Errorf("blocked_total{InvalidProviderID} = %v, want 1", got)
+			}
+		})
+	}
+}
+
+func TestAgentSilentNeverActs(t *testing.T) {
+	h := newHarness(t, nil)
+	n := newNode("n")
+	h.add(n, newLease(DefaultKubeletLeaseNamespace, "n", t0), newLease(h.c.rc.AgentNamespace, "n", t0.Add(-24*time.Hour)))
+	h.cloud.addInstance(n, "running")
+	for range 3 {
+		if _, err := h.sync("n"); err != nil {
+			t.Fatal(err)
+		}
+		h.clock.Step(time.Hour)
+		h.renew(DefaultKubeletLeaseNamespace, "n", h.clock.Now())
+	}
+	if got := h.Steps(); len(got) != 0 {
+		t.Errorf("acted on a node whose kubelet is alive: %q", got)
+	}
+	if ev := h.events(); !hasEvent(ev, decide.ReasonAgentSilent) {
+		t.Errorf("no AgentSilent event in %q", ev)
+	}
+}
+
+func TestDoNotDisruptHonoured(t *testing.T) {
+	const cfg = "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {timeout: 1m, onTimeout: Proceed, honorDoNotDisrupt: %v}\n"
+	t.Run("honoured", func(t *testing.T) {
+		h := newHarness(t, liveConfig(t, strings.Replace(cfg, "%v", "true", 1)))
+		h.silent(newNode("n"))
+		h.add(newPod("app", "precious", "n", func(p *corev1.Pod) { p.Annotations[decide.AnnotationDoNotDisrupt] = "true" }))
+		h.add(newPod("app", "web", "n"))
+		for range 4 {
+			requeue, err := h.sync("n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.clock.Step(max(requeue, time.Minute)) // well past the drain timeout
+		}
+		steps := h.Steps()
+		if slices.Contains(steps, "evict app/precious") {
+			t.Error("evicted a do-not-disrupt pod")
+		}
+		if !slices.Contains(steps, "evict app/web") {
+			t.Error("other pods were not evicted")
+		}
+		if len(h.cloud.Terminates()) != 0 || decide.PhaseOf(h.node("n")) != decide.PhaseDraining {
+			t.Errorf("terminated despite a do-not-disrupt pod (even past the timeout): state %q", decide.PhaseOf(h.node("n")))
+		}
+		if !hasEvent(h.events(), BlockDoNotDisrupt) {
+			t.Error("no DoNotDisrupt event")
+		}
+	})
+	t.Run("not honoured", func(t *testing.T) {
+		h := newHarness(t, liveConfig(t, strings.Replace(cfg, "%v", "false", 1)))
+		h.silent(newNode("n"))
+		h.add(newPod("app", "precious", "n", func(p *corev1.Pod) { p.Annotations[decide.AnnotationDoNotDisrupt] = "true" }))
+		h.drive("n", 5)
+		if !slices.Contains(h.Steps(), "evict app/precious") || !h.nodeGone("n") {
+			t.Errorf("steps %q: with honorDoNotDisrupt false the pod is evicted and the node terminated", h.Steps())
+		}
+	})
+}
+
+func TestDrainWaitsForPDBThenFollowsOnTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		onTimeout     string
+		wantTerminate bool
+	}{{"Proceed", true}, {"Wait", false}} {
+		t.Run(tt.onTimeout, func(t *testing.T) {
+			h := newHarness(t, liveConfig(t, "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {timeout: 2m, onTimeout: "+tt.onTimeout+"}\n"))
+			h.silent(newNode("n"))
+			h.add(newPod("app", "guarded", "n"))
+			h.pdb["app/guarded"] = true
+
+			requeue, err := h.sync("n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if requeue != DefaultDrainRetryInterval {
+				t.Errorf("requeue after a 429 = %s, want the drain retry interval", requeue)
+			}
+			if decide.PhaseOf(h.node("n")) != decide.PhaseDraining || !hasEvent(h.events(), BlockEvictionRefused) {
+				t.Fatal("a refused eviction must hold the node in Draining with an EvictionBlocked event")
+			}
+			// Retry until past the timeout.
+			for h.clock.Since(t0) <= 2*time.Minute+requeue {
+				h.clock.Step(requeue)
+				if requeue, err = h.sync("n"); err != nil {
+					t.Fatal(err)
+				}
+				if requeue == 0 {
+					break
+				}
+			}
+			h.drive("n", 3)
+			if got := len(h.cloud.Terminates()) > 0; got != tt.wantTerminate {
+				t.Errorf("terminated = %v, want %v (onTimeout %s); steps %q", got, tt.wantTerminate, tt.onTimeout, h.Steps())
+			}
+			if !tt.wantTerminate && !hasEvent(h.events(), BlockDrainTimeout) {
+				t.Error("no DrainTimedOut event")
+			}
+		})
+	}
+}
+
+func TestDrainWaitsForGracePeriod(t *testing.T) {
+	h := newHarness(t, nil)
+	h.silent(newNode("n"))
+	h.add(newPod("app", "slow", "n"))
+	h.grace["app/slow"] = true
+	requeue, err := h.sync("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if requeue != 30*time.Second || len(h.cloud.Terminates()) != 0 {
+		t.Fatalf("requeue %s, terminations %d: want to wait the pod's 30s grace period", requeue, len(h.cloud.Terminates()))
+	}
+	h.clock.Step(requeue)
+	h.drive("n", 3)
+	if !h.nodeGone("n") {
+		t.Errorf("not finished after the grace period; steps %q", h.Steps())
+	}
+	if got := strings.Count(strings.Join(h.Steps(), ","), "evict app/slow"); got != 1 {
+		t.Errorf("pod evicted %d times, want once (a terminating pod is not evicted again)", got)
+	}
+}
+
+func TestConflictRecordsNothing(t *testing.T) {
+	h := newHarness(t, nil)
+	h.silent(newNode("n"))
+	h.conflict = true
+	if _, err := h.sync("n"); err == nil {
+		t.Fatal("sync succeeded although the mark patch conflicted")
+	}
+	if len(h.Steps()) != 0 || decide.PhaseOf(h.node("n")) != decide.PhaseNone {
+		t.Errorf("steps %q after a conflict, want none", h.Steps())
+	}
+	// The retry on fresh state succeeds.
+	h.drive("n", 5)
+	if !h.nodeGone("n") {
+		t.Errorf("not remediated after the retry; steps %q", h.Steps())
+	}
+}
+
+func TestNotOwnedInstanceIsNeverTerminated(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {enabled: false}\n"))
+	n := h.silent(newNode("n"))
+	h.cloud.mu.Lock()
+	h.cloud.owned[instanceOf(n)] = false
+	h.cloud.mu.Unlock()
+	for range 3 {
+		requeue, err := h.sync("n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.clock.Step(requeue)
+	}
+	h.cloud.mu.Lock()
+	state := h.cloud.instances[instanceOf(n)]
+	h.cloud.mu.Unlock()
+	if state != "running" || h.nodeGone("n") {
+		t.Errorf("not-owned instance state %q, node gone %v", state, h.nodeGone("n"))
+	}
+	if !hasEvent(h.events(), BlockNotOwned) {
+		t.Error("no InstanceNotOwned event")
+	}
+}
+
+func TestUnauthorizedIsReportedAndRetried(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {enabled: false}\n"))
+	n := h.silent(newNode("n"))
+	h.cloud.override[instanceOf(n)] = ResultUnauthorized
+	requeue, err := h.sync("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if requeue != DefaultBlockedRequeue || !hasEvent(h.events(), BlockUnauthorized) {
+		t.Errorf("requeue %s; want a blocked requeue and an Unauthorized event", requeue)
+	}
+	delete(h.cloud.override, instanceOf(n))
+	h.clock.Step(requeue)
+	h.drive("n", 3)
+	if !h.nodeGone("n") {
+		t.Errorf("not finished once authorised; steps %q", h.Steps())
+	}
+}

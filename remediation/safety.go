@@ -1,0 +1,288 @@
+package remediation
+
+import (
+	"fmt"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
+)
+
+// Zone labels, the current one first.
+var zoneLabels = []string{corev1.LabelTopologyZone, corev1.LabelFailureDomainBetaZone}
+
+func zoneOf(node *corev1.Node) string {
+	for _, l := range zoneLabels {
+		if z := node.Labels[l]; z != "" {
+			return z
+		}
+	}
+	return ""
+}
+
+// census is a cluster-wide count of the decisions, the input of every safety rail. It is
+// recomputed from the caches (Decide on every node) at most once per DefaultCensusMaxAge when a
+// rail is checked, and every DefaultCensusInterval for the gauges: at 10,000 nodes a pass costs
+// tens of milliseconds, and rails are checked only when a node is about to be marked or
+// terminated.
+type census struct {
+	at       time.Time
+	pools    map[string]*poolCount
+	zones    map[string]*zoneCount
+	cluster  zoneCount
+	inFlight map[string]string // node → policy of every node seen mid-pipeline
+	reasons  map[string]int    // decision reason → nodes
+}
+
+type poolCount struct{ total, unhealthy, inFlight int }
+type zoneCount struct{ total, silent int }
+
+// reservation counts a node the controller just marked until the cache shows the mark, so two
+// workers cannot both squeeze under maxInFlight in the instant before the informer catches up.
+type reservation struct {
+	policy string
+	at     time.Time
+}
+
+// reservationTTL bounds how long a reservation is kept when the cache never shows the mark
+// (the node was deleted, say).
+const reservationTTL = 5 * time.Minute
+
+// inPipeline reports whether a node in phase counts against maxInFlight. A CordonOnly node that
+// is cordoned has finished its pipeline: counting it would let a CordonOnly pool cordon one node
+// ever.
+func inPipeline(phase decide.Phase, p *config.Policy) bool {
+	switch phase {
+	case decide.PhaseMarked, decide.PhaseTerminating:
+		return true
+	case decide.PhaseCordoned, decide.PhaseDraining:
+		return p.Action != config.ActionCordonOnly
+	}
+	return false
+}
+
+// computeCensus counts every node in the cache. gateMu must be held.
+func (c *Controller) computeCensus(now time.Time) *census {
+	cs := &census{at: now, pools: map[string]*poolCount{}, zones: map[string]*zoneCount{}, inFlight: map[string]string{}, reasons: map[string]int{}}
+	for i := range c.rc.Policies {
+		cs.pools[c.rc.Policies[i].Name] = &poolCount{}
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		c.log.Error("list nodes from cache", "err", err)
+	}
+	for _, n := range nodes {
+		p := c.rc.PolicyFor(n.Labels)
+		d := decide.Decide(c.input(n, p, now))
+		cs.reasons[d.Reason]++
+		pc := cs.pools[p.Name]
+		pc.total++
+		if d.Unhealthy {
+			pc.unhealthy++
+		}
+		if inPipeline(decide.PhaseOf(n), p) {
+			pc.inFlight++
+			cs.inFlight[n.Name] = p.Name
+		}
+		cs.cluster.total++
+		if d.Silent {
+			cs.cluster.silent++
+		}
+		if z := zoneOf(n); z != "" {
+			zc := cs.zones[z]
+			if zc == nil {
+				zc = &zoneCount{}
+				cs.zones[z] = zc
+			}
+			zc.total++
+			if d.Silent {
+				zc.silent++
+			}
+		}
+	}
+	// A reservation the cache now shows is counted by the census itself.
+	for name, r := range c.reservations {
+		if _, seen := cs.inFlight[name]; seen || now.Sub(r.at) > reservationTTL {
+			delete(c.reservations, name)
+		}
+	}
+	return cs
+}
+
+// currentCensus returns a census no older than DefaultCensusMaxAge. gateMu must be held.
+func (c *Controller) currentCensus(now time.Time) *census {
+	if c.census == nil || now.Sub(c.census.at) >= DefaultCensusMaxAge || now.Before(c.census.at) {
+		c.setCensus(c.computeCensus(now))
+	}
+	return c.census
+}
+
+// refreshCensus recomputes the census for the gauges and the pause logs.
+func (c *Controller) refreshCensus(now time.Time) {
+	c.gateMu.Lock()
+	defer c.gateMu.Unlock()
+	c.setCensus(c.computeCensus(now))
+}
+
+// setCensus installs cs, updates the gauges and logs pauses that began or ended. gateMu must be
+// held.
+func (c *Controller) setCensus(cs *census) {
+	prev := c.census
+	c.census = cs
+
+	c.metrics.silentNodes.Reset()
+	silentNoZone := cs.cluster.silent
+	for z, zc := range cs.zones {
+		c.metrics.silentNodes.WithLabelValues(z).Set(float64(zc.silent))
+		silentNoZone -= zc.silent
+	}
+	c.metrics.silentNodes.WithLabelValues("unknown").Set(float64(silentNoZone))
+	inFlight := len(cs.inFlight)
+	for name := range c.reservations {
+		if _, ok := cs.inFlight[name]; !ok {
+			inFlight++
+		}
+	}
+	c.metrics.inFlight.Set(float64(inFlight))
+	for _, r := range decide.Reasons {
+		c.metrics.nodes.WithLabelValues(r).Set(float64(cs.reasons[r]))
+	}
+	for name, pc := range cs.pools {
+		c.metrics.unhealthyNodes.WithLabelValues(name).Set(float64(pc.unhealthy))
+	}
+
+	wasCluster := prev != nil && prev.clusterPaused(c.rc) != ""
+	if msg := cs.clusterPaused(c.rc); msg != "" {
+		c.metrics.clusterPaused.Set(1)
+		if !wasCluster {
+			c.log.Warn("remediation paused cluster-wide", "reason", BlockClusterPaused, "message", msg)
+		}
+	} else {
+		c.metrics.clusterPaused.Set(0)
+		if wasCluster {
+			c.log.Info("remediation resumed cluster-wide")
+		}
+	}
+	c.metrics.zonePaused.Reset()
+	for z := range cs.zones {
+		was := prev != nil && prev.zonePaused(c.rc, z) != ""
+		if msg := cs.zonePaused(c.rc, z); msg != "" {
+			c.metrics.zonePaused.WithLabelValues(z).Set(1)
+			if !was {
+				c.log.Warn("remediation paused in zone", "zone", z, "reason", BlockZonePaused, "message", msg)
+			}
+		} else {
+			c.metrics.zonePaused.WithLabelValues(z).Set(0)
+			if was {
+				c.log.Info("remediation resumed in zone", "zone", z)
+			}
+		}
+	}
+}
+
+// clusterPaused returns why remediation is paused cluster-wide, or "".
+func (cs *census) clusterPaused(rc *config.Config) string {
+	allowed := config.PauseAllowed(rc.ClusterPauseThreshold, cs.cluster.total)
+	if cs.cluster.silent > allowed {
+		return fmt.Sprintf("%d of %d nodes are silent, more than clusterPauseThreshold %s (%d nodes): this looks like a control-plane or network problem, not dead machines; all remediation is paused",
+			cs.cluster.silent, cs.cluster.total, rc.ClusterPauseThreshold.String(), allowed)
+	}
+	return ""
+}
+
+// zonePaused returns why remediation is paused in zone, or "".
+func (cs *census) zonePaused(rc *config.Config, zone string) string {
+	zc := cs.zones[zone]
+	if zc == nil {
+		return ""
+	}
+	allowed := config.PauseAllowed(rc.ZonePauseThreshold, zc.total)
+	if zc.silent > allowed {
+		return fmt.Sprintf("%d of %d nodes in zone %s are silent, more than zonePauseThreshold %s (%d nodes): remediation in the zone is paused",
+			zc.silent, zc.total, zone, rc.ZonePauseThreshold.String(), allowed)
+	}
+	return ""
+}
+
+// step names the pipeline step a rail is checked for.
+type step int
+
+const (
+	stepMark step = iota
+	stepTerminate
+	stepDryRun
+)
+
+// checkRails applies the safety rails to node before step and returns the block reason and
+// message, or "" when the step may proceed. Pauses and maxUnhealthy apply to every step;
+// maxInFlight only to marking (a node already in the pipeline is in flight); dry-run checks
+// no maxInFlight (nothing is ever in flight) and takes no rate-limiter token. gateMu must be
+// held.
+func (c *Controller) checkRails(node *corev1.Node, p *config.Policy, s step, now time.Time) (string, string) {
+	cs := c.currentCensus(now)
+	if msg := cs.clusterPaused(c.rc); msg != "" {
+		return BlockClusterPaused, msg
+	}
+	if z := zoneOf(node); z != "" {
+		if msg := cs.zonePaused(c.rc, z); msg != "" {
+			return BlockZonePaused, msg
+		}
+	}
+	pc := cs.pools[p.Name]
+	if pc == nil {
+		pc = &poolCount{}
+	}
+	if allowed := p.AllowedUnhealthy(pc.total); pc.unhealthy > allowed {
+		return BlockMaxUnhealthy, fmt.Sprintf("%d of %d nodes of policy %s are unhealthy, more than maxUnhealthy %s (%d nodes): this smells of a wider problem; remediation in the pool is paused",
+			pc.unhealthy, pc.total, p.Name, p.MaxUnhealthy.String(), allowed)
+	}
+	if s == stepMark {
+		inFlight := c.inFlightLocked(cs, p.Name, node.Name)
+		if inFlight >= p.MaxInFlight {
+			return BlockMaxInFlight, fmt.Sprintf("%d nodes of policy %s are already being remediated (maxInFlight %d)", inFlight, p.Name, p.MaxInFlight)
+		}
+	}
+	return "", ""
+}
+
+// inFlightLocked counts the nodes of policy in the pipeline, other than self: those the census
+// saw and those reserved since. gateMu must be held.
+func (c *Controller) inFlightLocked(cs *census, policy, self string) int {
+	names := map[string]bool{}
+	for n, p := range cs.inFlight {
+		if p == policy && n != self {
+			names[n] = true
+		}
+	}
+	for n, r := range c.reservations {
+		if r.policy == policy && n != self {
+			names[n] = true
+		}
+	}
+	return len(names)
+}
+
+// reserve counts node as in flight until the cache shows its mark. gateMu must be held.
+func (c *Controller) reserveLocked(node string, policy string, now time.Time) {
+	c.reservations[node] = reservation{policy: policy, at: now}
+}
+
+// takeTermination takes a token from the termination rate limiter, or returns how long until
+// one is available. The limiter is driven by the controller's clock, so tests step it. The
+// caller cancels the returned reservation if the termination is not requested after all.
+func (c *Controller) takeTermination(now time.Time) (*rate.Reservation, time.Duration) {
+	r := c.limiter.ReserveN(now, 1)
+	if !r.OK() {
+		return nil, c.cfg.BlockedRequeue
+	}
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return nil, d
+	}
+	return r, 0
+}

@@ -1,0 +1,627 @@
+// Package remediator_test runs real nodevigil-remediator processes against a real control
+// plane (with the node lifecycle controller and garbage collector running) and the EC2
+// emulator, with simulated kubelets and agents renewing their Leases from the test.
+package remediator_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/ec2emu"
+	"github.com/nodevigil/nodevigil/integration/testbin"
+)
+
+var (
+	cp            *controlplane.ControlPlane
+	remediatorBin string
+)
+
+const (
+	clusterTag     = "kubernetes.io/cluster/itest"
+	stateKey       = "nodevigil.io/remediation-state"
+	remediateTaint = "nodevigil.io/remediating"
+	poolLabel      = "nodevigil.test/pool"
+	zoneLabel      = "topology.kubernetes.io/zone"
+	heartbeat      = 500 * time.Millisecond
+	leaseSeconds   = 3
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nodevigil-remediator-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	remediatorBin, err = testbin.Build(context.Background(), "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator", dir, true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's world: a namespace for agent Leases and the leader Lease, a pool label
+// value, an EC2 emulator, simulated nodes and remediator replicas.
+type env struct {
+	t        *testing.T
+	client   kubernetes.Interface
+	ns       string
+	pool     string
+	emu      *ec2emu.Server
+	mu       sync.Mutex
+	nodes    map[string]*simNode
+	replicas []*replica
+}
+
+type replica struct {
+	name    string
+	proc    *testbin.Process
+	metrics string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	c, err := cp.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := cp.Namespace(t.Context(), "rem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
+	if err := emu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	return &env{t: t, client: c, ns: ns, pool: ns, emu: emu, nodes: map[string]*simNode{}}
+}
+
+// config writes a RemediatorConfig whose first policy selects this test's pool; every other
+// node in the cluster falls to a final policy that does nothing.
+func (e *env) config(dryRun bool, policyYAML string) string {
+	e.t.Helper()
+	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
+kind: RemediatorConfig
+dryRun: %t
+agentNamespace: %s
+agentLeaseDuration: %ds
+terminationRateLimit:
+  perMinute: 600
+  burst: 20
+zonePauseThreshold: 100%%
+clusterPauseThreshold: 100%%
+policies:
+- name: pool
+  nodeSelector: %s=%s
+%s
+- name: others
+  nodeSelector: ""
+  action: None
+`, dryRun, e.ns, leaseSeconds, poolLabel, e.pool, indent(policyYAML, "  "))
+	p := filepath.Join(e.t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
+}
+
+// startReplica runs one remediator process.
+func (e *env) startReplica(name, configPath string) *replica {
+	e.t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	p, err := testbin.Start(name, remediatorBin, []string{
+		"--kubeconfig", cp.KubeconfigPath(),
+		"--namespace", e.ns,
+		"--config", configPath,
+		"--listen-address", addr,
+		"--ec2-endpoint", e.emu.URL(),
+		"--aws-region", "us-east-1",
+		"--cluster-tag-key", clusterTag,
+		"--leader-elect-lease-duration", "4s",
+		"--leader-elect-renew-deadline", "3s",
+		"--leader-elect-retry-period", "500ms",
+		"--resync-period", "10s",
+		"--termination-confirm-delay", "2s",
+		"--log-format", "text",
+		"--log-level", "debug",
+	}, "POD_NAME="+name, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &replica{name: name, proc: p, metrics: "http://" + addr}
+	e.replicas = append(e.replicas, r)
+	e.t.Cleanup(func() {
+		_ = p.Stop(10 * time.Second)
+		if e.t.Failed() {
+			e.t.Logf("%s log:\n%s", name, p.LogTail(60))
+		}
+	})
+	return r
+}
+
+// simNode is a Node with a simulated kubelet and agent renewing their Leases.
+type simNode struct {
+	name       string
+	instanceID string
+	mu         sync.Mutex
+	kubeletOn  bool
+	agentOn    bool
+}
+
+func (n *simNode) set(kubelet, agent bool) {
+	n.mu.Lock()
+	n.kubeletOn, n.agentOn = kubelet, agent
+	n.mu.Unlock()
+}
+
+func (n *simNode) state() (bool, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.kubeletOn, n.agentOn
+}
+
+var nodeSeq struct {
+	sync.Mutex
+	n int
+}
+
+// addNode creates a Node in the pool (zone us-east-1a), its EC2 instance, and starts its
+// simulated kubelet and agent.
+func (e *env) addNode(zone string) *simNode {
+	e.t.Helper()
+	ctx := e.t.Context()
+	nodeSeq.Lock()
+	nodeSeq.n++
+	seq := nodeSeq.n
+	nodeSeq.Unlock()
+	id := fmt.Sprintf("i-%017x", time.Now().UnixNano()&0xffffffffffff<<8|int64(seq&0xff))
+	n := &simNode{name: fmt.Sprintf("%s-n%d", e.pool, seq), instanceID: id, kubeletOn: true, agentOn: true}
+	if err := e.emu.AddInstance(ec2emu.Instance{ID: id, Zone: zone, Tags: map[string]string{clusterTag: "owned"}}); err != nil {
+		e.t.Fatal(err)
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{poolLabel: e.pool, zoneLabel: zone}},
+		Spec:       corev1.NodeSpec{ProviderID: "aws:///" + zone + "/" + id},
+	}
+	created, err := e.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create node: %v", err)
+	}
+	// The kubelet's first status report; a strategic merge keyed by condition type, so it does
+	// not race the node lifecycle controller's own writes.
+	now := time.Now().UTC().Format(time.RFC3339)
+	status := fmt.Sprintf(`{"status":{"conditions":[`+
+		`{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q},`+
+		`{"type":"KubeletHealthy","status":"True","reason":"KubeletHealthy","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}]}}`, now)
+	if _, err := e.client.CoreV1().Nodes().PatchStatus(ctx, n.name, []byte(status)); err != nil {
+		e.t.Fatalf("set node status: %v", err)
+	}
+	e.t.Cleanup(func() {
+		_ = e.client.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
+	})
+	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: created.Name, UID: created.UID}}
+	go e.renew(ctx, n, "kube-node-lease", owner, func() bool { k, _ := n.state(); return k })
+	go e.renew(ctx, n, e.ns, owner, func() bool { _, a := n.state(); return a })
+	e.mu.Lock()
+	e.nodes[n.name] = n
+	e.mu.Unlock()
+	return n
+}
+
+// renew keeps a Lease named after the node fresh while on() holds, as a kubelet or an agent would.
+func (e *env) renew(ctx context.Context, n *simNode, ns string, owner []metav1.OwnerReference, on func() bool) {
+	leases := e.client.CoordinationV1().Leases(ns)
+	dur := int32(leaseSeconds)
+	labels := map[string]string{}
+	if ns != "kube-node-lease" {
+		labels["nodevigil.io/node"] = n.name
+	}
+	t := time.NewTicker(heartbeat)
+	defer t.Stop()
+	for {
+		if on() {
+			now := metav1.NewMicroTime(time.Now())
+			l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err):
+				_, _ = leases.Create(ctx, &coordinationv1.Lease{
+					ObjectMeta: metav1.ObjectMeta{Name: n.name, Namespace: ns, Labels: labels, OwnerReferences: owner},
+					Spec:       coordinationv1.LeaseSpec{HolderIdentity: &n.name, LeaseDurationSeconds: &dur, RenewTime: &now},
+				}, metav1.CreateOptions{})
+			case err == nil:
+				l.Spec.RenewTime = &now
+				_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (e *env) node(name string) (*corev1.Node, error) {
+	return e.client.CoreV1().Nodes().Get(e.t.Context(), name, metav1.GetOptions{})
+}
+
+// eventually polls cond until it holds or timeout passes.
+func (e *env) eventually(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
+	e.t.Helper()
+	if err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, cond); err != nil {
+		e.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// never asserts that cond stays false for the whole of d.
+func (e *env) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond(e.t.Context()) {
+			e.t.Fatalf("%s happened", what)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func (e *env) terminations(id string) int { return e.emu.Terminations(id) }
+
+func (e *env) hasEvent(node, reason string) bool {
+	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+	if err != nil {
+		return false
+	}
+	for _, ev := range evs.Items {
+		if ev.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *env) eventReasons(node string) []string {
+	evs, err := e.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, ev := range evs.Items {
+		out = append(out, ev.Reason)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func (e *env) waitReady(r *replica) {
+	e.t.Helper()
+	e.eventually(r.name+" ready", 60*time.Second, func(ctx context.Context) (bool, error) {
+		if exited, err := r.proc.Exited(); exited {
+			return false, fmt.Errorf("%s exited: %v\n%s", r.name, err, r.proc.LogTail(30))
+		}
+		return httpOK(ctx, r.metrics+"/readyz"), nil
+	})
+}
+
+const terminatePolicy = `action: Terminate
+startupGrace: 1s
+startupDeadline: 10m
+tolerations:
+  silentNode: 3s
+  kubeletUnhealthy: 30s
+drain:
+  enabled: true
+  timeout: 20s
+  honorDoNotDisrupt: true
+  onTimeout: Proceed
+maxUnhealthy: 50%
+maxInFlight: 2`
+
+func TestSilentNodeIsTerminatedAfterToleration(t *testing.T) {
+	e := newEnv(t)
+	a, b, c := e.addNode("us-east-1a"), e.addNode("us-east-1a"), e.addNode("us-east-1b")
+	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
+	e.waitReady(r)
+	time.Sleep(2 * leaseSeconds * time.Second) // past the new leader's observe period
+
+	silencedAt := time.Now()
+	a.set(false, false)
+	e.eventually("TerminateInstances for the silent node", 60*time.Second, func(context.Context) (bool, error) {
+		return e.terminations(a.instanceID) > 0, nil
+	})
+	took := time.Since(silencedAt)
+	// Both Leases expire 3 s after the last renewal, then the 3 s toleration runs.
+	if took < 5*time.Second {
+		t.Errorf("terminated %s after silence: earlier than lease expiry + toleration (6s)", took)
+	}
+	t.Logf("silence → TerminateInstances: %s (lease %ds + toleration 3s)", took.Round(100*time.Millisecond), leaseSeconds)
+	e.eventually("the Node object deleted once the instance is gone", 60*time.Second, func(ctx context.Context) (bool, error) {
+		_, err := e.node(a.name)
+		return apierrors.IsNotFound(err), nil
+	})
+	if got := e.terminations(a.instanceID); got != 1 {
+		t.Errorf("instance terminated %d times, want exactly 1", got)
+	}
+	for _, n := range []*simNode{b, c} {
+		obj, err := e.node(n.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if obj.Spec.Unschedulable || obj.Annotations[stateKey] != "" || e.terminations(n.instanceID) != 0 {
+			t.Errorf("healthy node %s was touched: unschedulable=%v state=%q terminations=%d",
+				n.name, obj.Spec.Unschedulable, obj.Annotations[stateKey], e.terminations(n.instanceID))
+		}
+	}
+}
+
+func TestAgentSilentAloneNeverTerminates(t *testing.T) {
+	e := newEnv(t)
+	a := e.addNode("us-east-1a")
+	e.addNode("us-east-1a")
+	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
+	e.waitReady(r)
+	time.Sleep(2 * leaseSeconds * time.Second)
+
+	a.set(true, false) // the kubelet keeps renewing; only the agent goes quiet
+	e.eventually("an AgentSilent event", 30*time.Second, func(context.Context) (bool, error) {
+		return e.hasEvent(a.name, "AgentSilent"), nil
+	})
+	e.never("any remediation of a node whose kubelet is fresh", 15*time.Second, func(ctx context.Context) bool {
+		obj, err := e.node(a.name)
+		return err != nil || obj.Spec.Unschedulable || obj.Annotations[stateKey] != "" || e.terminations(a.instanceID) > 0
+	})
+}
+
+func TestMaxUnhealthyBlocksMassSilence(t *testing.T) {
+	e := newEnv(t)
+	var nodes []*simNode
+	for range 4 {
+		nodes = append(nodes, e.addNode("us-east-1a"))
+	}
+	// 25% of 4 nodes = 1: three silent nodes at once are more than the pool may lose.
+	policy := strings.Replace(terminatePolicy, "maxUnhealthy: 50%", "maxUnhealthy: 25%", 1)
+	r := e.startReplica("replica-a", e.config(false, policy))
+	e.waitReady(r)
+	time.Sleep(2 * leaseSeconds * time.Second)
+	for _, n := range nodes[:3] {
+		n.set(false, false)
+	}
+	e.eventually("a MaxUnhealthyExceeded event", 40*time.Second, func(context.Context) (bool, error) {
+		for _, n := range nodes[:3] {
+			if e.hasEvent(n.name, "MaxUnhealthyExceeded") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	e.never("a termination during a mass silence", 10*time.Second, func(context.Context) bool {
+		for _, n := range nodes {
+			if e.terminations(n.instanceID) > 0 {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// podOn creates a pod bound to the node, optionally annotated do-not-disrupt.
+func (e *env) podOn(node string, doNotDisrupt bool) *corev1.Pod {
+	e.t.Helper()
+	ctx := e.t.Context()
+	e.eventually("the default ServiceAccount", 30*time.Second, func(ctx context.Context) (bool, error) {
+		_, err := e.client.CoreV1().ServiceAccounts(e.ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "workload-", Namespace: e.ns},
+		Spec: corev1.PodSpec{
+			NodeName:   node,
+			Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}},
+		},
+	}
+	if doNotDisrupt {
+		pod.Annotations = map[string]string{"karpenter.sh/do-not-disrupt": "true"}
+	}
+	created, err := e.client.CoreV1().Pods(e.ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create pod: %v", err)
+	}
+	return created
+}
+
+func (e *env) forceDelete(pod *corev1.Pod) {
+	e.t.Helper()
+	zero := int64(0)
+	if err := e.client.CoreV1().Pods(pod.Namespace).Delete(e.t.Context(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		e.t.Fatalf("delete pod: %v", err)
+	}
+}
+
+func (e *env) waitState(n *simNode, state string, timeout time.Duration) {
+	e.t.Helper()
+	e.eventually(n.name+" in state "+state, timeout, func(ctx context.Context) (bool, error) {
+		obj, err := e.node(n.name)
+		return err == nil && obj.Annotations[stateKey] == state, nil
+	})
+}
+
+func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
+	e := newEnv(t)
+	a := e.addNode("us-east-1a")
+	e.addNode("us-east-1a")
+	pod := e.podOn(a.name, true)
+	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
+	e.waitReady(r)
+	time.Sleep(2 * leaseSeconds * time.Second)
+	a.set(false, false)
+
+	e.waitState(a, "Draining", 40*time.Second)
+	obj, err := e.node(a.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !obj.Spec.Unschedulable || !slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool { return t.Key == remediateTaint }) {
+		t.Errorf("draining node should be cordoned and tainted %s: unschedulable=%v taints=%v", remediateTaint, obj.Spec.Unschedulable, obj.Spec.Taints)
+	}
+	// The drain timeout is 20 s with onTimeout Proceed, but a do-not-disrupt pod holds it.
+	e.never("termination while a do-not-disrupt pod runs", 25*time.Second, func(context.Context) bool {
+		return e.terminations(a.instanceID) > 0
+	})
+	if !e.hasEvent(a.name, "DoNotDisrupt") {
+		t.Errorf("no DoNotDisrupt event; events: %v", e.eventReasons(a.name))
+	}
+	if _, err := e.client.CoreV1().Pods(e.ns).Get(t.Context(), pod.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("do-not-disrupt pod was evicted: %v", err)
+	}
+	e.forceDelete(pod)
+	e.eventually("termination once the pod is gone", 40*time.Second, func(context.Context) (bool, error) {
+		return e.terminations(a.instanceID) == 1, nil
+	})
+}
+
+func TestLeaderKilledMidRemediationResumesExactlyOnce(t *testing.T) {
+	e := newEnv(t)
+	a := e.addNode("us-east-1a")
+	e.addNode("us-east-1a")
+	pod := e.podOn(a.name, true) // holds the pipeline in Draining while the leader dies
+	cfg := e.config(false, terminatePolicy)
+	r1 := e.startReplica("replica-a", cfg)
+	r2 := e.startReplica("replica-b", cfg)
+	e.waitReady(r1)
+	e.waitReady(r2)
+	time.Sleep(2 * leaseSeconds * time.Second)
+	a.set(false, false)
+	e.waitState(a, "Draining", 40*time.Second)
+
+	lease, err := e.client.CoordinationV1().Leases(e.ns).Get(t.Context(), "nodevigil-remediator", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("leader lease: %v", err)
+	}
+	holder := ptr(lease.Spec.HolderIdentity)
+	var leader, follower *replica
+	for _, r := range []*replica{r1, r2} {
+		if strings.HasPrefix(holder, r.name) {
+			leader = r
+		} else {
+			follower = r
+		}
+	}
+	if leader == nil {
+		t.Fatalf("leader lease holder %q is neither replica", holder)
+	}
+	leader.proc.Kill()
+	e.forceDelete(pod)
+
+	e.eventually("the surviving replica terminates the instance", 60*time.Second, func(context.Context) (bool, error) {
+		return e.terminations(a.instanceID) > 0, nil
+	})
+	e.eventually("the Node deleted", 60*time.Second, func(ctx context.Context) (bool, error) {
+		_, err := e.node(a.name)
+		return apierrors.IsNotFound(err), nil
+	})
+	if got := e.terminations(a.instanceID); got != 1 {
+		t.Errorf("instance terminated %d times across the leader change, want exactly 1", got)
+	}
+	lease, err = e.client.CoordinationV1().Leases(e.ns).Get(t.Context(), "nodevigil-remediator", metav1.GetOptions{})
+	if err != nil || !strings.HasPrefix(ptr(lease.Spec.HolderIdentity), follower.name) {
+		t.Errorf("leadership did not pass to %s: %v %v", follower.name, ptr(lease.Spec.HolderIdentity), err)
+	}
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	e := newEnv(t)
+	a := e.addNode("us-east-1a")
+	e.addNode("us-east-1a")
+	r := e.startReplica("replica-a", e.config(true, terminatePolicy))
+	e.waitReady(r)
+	time.Sleep(2 * leaseSeconds * time.Second)
+	a.set(false, false)
+	e.eventually("a WouldTerminate event", 40*time.Second, func(context.Context) (bool, error) {
+		return e.hasEvent(a.name, "WouldTerminate"), nil
+	})
+	time.Sleep(5 * time.Second)
+	after, err := e.node(a.name)
+	if err != nil {
+		t.Fatalf("dry-run deleted the node: %v", err)
+	}
+	if after.Spec.Unschedulable || slices.ContainsFunc(after.Spec.Taints, func(t corev1.Taint) bool { return t.Key == remediateTaint }) {
+		t.Errorf("dry-run cordoned or tainted the node: unschedulable=%v taints=%v", after.Spec.Unschedulable, after.Spec.Taints)
+	}
+	if after.Annotations[stateKey] != "" {
+		t.Errorf("dry-run started the pipeline: %s=%q", stateKey, after.Annotations[stateKey])
+	}
+	if n := e.emu.Calls("TerminateInstances"); n != 0 {
+		t.Errorf("dry-run called TerminateInstances %d times", n)
+	}
+}
+
+func TestRecoveringNodeIsReleased(t *testing.T) {
+	e := newEnv(t)
+	a := e.addNode("us-east-1a")
+	e.addNode("us-east-1a")
+	e.podOn(a.name, true) // keeps the pipeline in Draining long enough to recover
+	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
+	e.waitReady(r)
+	time.Sleep(2 * leaseSeconds * time.Second)
+	a.set(false, false)
+	e.waitState(a, "Draining", 40*time.Second)
+
+	a.set(true, true) // both heartbeats come back
+	e.eventually("the node released", 40*time.Second, func(ctx context.Context) (bool, error) {
+		obj, err := e.node(a.name)
+		if err != nil {
+			return false, nil
+		}
+		tainted := slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool { return t.Key == remediateTaint })
+		return !obj.Spec.Unschedulable && !tainted && obj.Annotations[stateKey] == "", nil
+	})
+	if !e.hasEvent(a.name, "Released") {
+		t.Errorf("no Released event; events: %v", e.eventReasons(a.name))
+	}
+	if got := e.terminations(a.instanceID); got != 0 {
+		t.Errorf("recovered node's instance terminated %d times", got)
+	}
+}
+
+func httpOK(ctx context.Context, url string) bool {
+	return testbin.HTTPStatus(ctx, url) == 200
+}
+
+func ptr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -34,14 +35,15 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Minute, "steady-state measurement window (after warm-up)")
 	warmup := flag.Duration("warmup", time.Minute, "time before measuring, for start-up allocations and the first reports")
 	sample := flag.Duration("sample", 5*time.Second, "RSS sampling interval")
+	baseline := flag.Duration("baseline", 2*time.Minute, "window before the agent starts, to measure the apiserver's own requests (its identity Lease) and subtract them")
 	flag.Parse()
-	if err := run(*duration, *warmup, *sample); err != nil {
+	if err := run(*duration, *warmup, *sample, *baseline); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample time.Duration) error {
+func run(duration, warmup, sample, baseline time.Duration) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -73,11 +75,29 @@ func run(duration, warmup, sample time.Duration) error {
 	if err != nil {
 		return err
 	}
+	// The apiserver renews its own identity Lease and the like; measure that first, without
+	// the agent, so the agent's share can be told apart.
+	fmt.Fprintf(os.Stderr, "agentsteady: measuring the apiserver's own requests for %s\n", baseline)
+	base0, err := requestCounts(ctx, cp.Config())
+	if err != nil {
+		return err
+	}
+	baseStart := time.Now()
+	time.Sleep(baseline)
+	base1, err := requestCounts(ctx, cp.Config())
+	if err != nil {
+		return err
+	}
+	baseMinutes := time.Since(baseStart).Minutes()
+	metricsAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
 	// Default intervals: this measures what a real node would do.
 	agent, err := testbin.Start("nodevigil-agent", bin, []string{"run",
 		"--node-name", nodeName, "--namespace", ns, "--pod-name", "agent-bench",
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", filepath.Join(dir, "host"),
-		"--listen-address", "127.0.0.1:0", "--kubelet-healthz-url", healthz.URL + "/healthz",
+		"--listen-address", metricsAddr, "--kubelet-healthz-url", healthz.URL + "/healthz",
 		"--log-level", "warn",
 	})
 	if err != nil {
@@ -98,15 +118,23 @@ func run(duration, warmup, sample time.Duration) error {
 	if err != nil {
 		return err
 	}
+	renew0, err := scrapeSum(ctx, "http://"+metricsAddr+"/metrics", `nodevigil_agent_lease_renewals_total{result="success"}`)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
-	var rss []int64
+	var rss, anon, file []int64
 	for time.Since(start) < duration {
-		kb, err := rssKB(agent.Pid())
+		m, err := memKB(agent.Pid())
 		if err != nil {
 			return fmt.Errorf("agent gone: %w\n%s", err, agent.LogTail(30))
 		}
-		rss = append(rss, kb)
+		rss, anon, file = append(rss, m["VmRSS"]), append(anon, m["RssAnon"]), append(file, m["RssFile"])
 		time.Sleep(sample)
+	}
+	renew1, err := scrapeSum(ctx, "http://"+metricsAddr+"/metrics", `nodevigil_agent_lease_renewals_total{result="success"}`)
+	if err != nil {
+		return err
 	}
 	elapsed := time.Since(start)
 	cpu1, err := cpuTicks(agent.Pid())
@@ -117,24 +145,30 @@ func run(duration, warmup, sample time.Duration) error {
 	if err != nil {
 		return err
 	}
-	slices.Sort(rss)
+	for _, v := range [][]int64{rss, anon, file} {
+		slices.Sort(v)
+	}
 	minutes := elapsed.Minutes()
 	const ticksPerSecond = 100 // USER_HZ on Linux
 	mcpu := float64(cpu1-cpu0) / ticksPerSecond / elapsed.Seconds() * 1000
 
 	fmt.Printf("| metric | value |\n|---|---|\n")
 	fmt.Printf("| window | %s after %s warm-up, default intervals (check 10s, lease renew 10s, condition heartbeat 5m) |\n", elapsed.Round(time.Second), warmup)
-	fmt.Printf("| RSS median | %.1f MiB |\n", float64(rss[len(rss)/2])/1024)
-	fmt.Printf("| RSS max | %.1f MiB |\n", float64(rss[len(rss)-1])/1024)
+	fmt.Printf("| RSS median (max) | %.1f MiB (%.1f MiB) |\n", mib(rss[len(rss)/2]), mib(rss[len(rss)-1]))
+	fmt.Printf("| of which anonymous (heap, stacks) | %.1f MiB |\n", mib(anon[len(anon)/2]))
+	fmt.Printf("| of which file-backed (binary pages) | %.1f MiB |\n", mib(file[len(file)/2]))
 	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
+	fmt.Printf("| Lease renewals (agent's own metric) | %.2f per minute |\n", (renew1-renew0)/minutes)
 	keys := make([]string, 0, len(after))
 	for k := range after {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		if d := after[k] - before[k]; d > 0 {
-			fmt.Printf("| API %s | %.2f per minute |\n", k, d/minutes)
+		rate := (after[k] - before[k]) / minutes
+		baseRate := (base1[k] - base0[k]) / baseMinutes
+		if rate > 0 {
+			fmt.Printf("| API %s | %.2f per minute (%.2f total − %.2f apiserver baseline) |\n", k, max(rate-baseRate, 0), rate, baseRate)
 		}
 	}
 	fmt.Printf("| machine | %s/%s, %d CPUs, %s |\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
@@ -195,18 +229,61 @@ func parseLabels(s string) map[string]string {
 	return m
 }
 
-func rssKB(pid int) (int64, error) {
+// memKB reads VmRSS, RssAnon and RssFile (kB) from /proc/<pid>/status. Anonymous memory is
+// what the agent allocates; file-backed pages are its binary's text mapped in, which the kernel
+// can drop and re-read under pressure.
+func memKB(pid int) (map[string]int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && (f[0] == "VmRSS:" || f[0] == "RssAnon:" || f[0] == "RssFile:") {
+			v, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return nil, err
+			}
+			out[strings.TrimSuffix(f[0], ":")] = v
+		}
+	}
+	if _, ok := out["VmRSS"]; !ok {
+		return nil, fmt.Errorf("no VmRSS for pid %d", pid)
+	}
+	return out, nil
+}
+
+func mib(kb int64) float64 { return float64(kb) / 1024 }
+
+// scrapeSum fetches a Prometheus text page and returns the value of the series whose line
+// starts with series (name and labels exactly as exposed).
+func scrapeSum(ctx context.Context, url, series string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			return strconv.ParseInt(f[1], 10, 64)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	return 0, fmt.Errorf("%s: no series %s", url, series)
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 func cpuTicks(pid int) (int64, error) {

@@ -1,0 +1,111 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeBinary writes an executable script that prints version when called with --version.
+func fakeBinary(t *testing.T, dir, name, version string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte("#!/bin/sh\necho '"+version+"'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestFindOrBuildPrefersMatchingAssets(t *testing.T) {
+	cache := t.TempDir()
+	// Cached binaries exist for every component, so nothing is ever built in this test.
+	cached := map[string]string{}
+	for _, c := range []component{etcdComponent, apiServerComponent, controllerManagerComponent} {
+		cached[c.name] = fakeBinary(t, filepath.Join(cache, c.cacheSubdir), c.name, "cached")
+	}
+	tests := []struct {
+		name     string
+		env      string
+		assets   map[string]string // binary name → version it reports
+		want     map[string]string // binary name → "assets" or "cache"
+		ignoring string            // expected in the progress output
+	}{
+		{
+			name:   "envtest assets without a controller manager",
+			env:    KubebuilderAssetsEnv,
+			assets: map[string]string{"etcd": "etcd Version: 3.5.17", "kube-apiserver": "Kubernetes v1.34.0"},
+			want:   map[string]string{"etcd": "assets", "kube-apiserver": "assets", "kube-controller-manager": "cache"},
+		},
+		{
+			name:     "wrong versions are ignored",
+			env:      AssetsEnv,
+			assets:   map[string]string{"etcd": "etcd Version: 3.4.0", "kube-apiserver": "Kubernetes v1.29.3", "kube-controller-manager": "Kubernetes v1.34.2"},
+			want:     map[string]string{"etcd": "cache", "kube-apiserver": "cache", "kube-controller-manager": "assets"},
+			ignoring: "does not match",
+		},
+		{
+			name: "no assets",
+			want: map[string]string{"etcd": "cache", "kube-apiserver": "cache", "kube-controller-manager": "cache"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(AssetsEnv, "")
+			t.Setenv(KubebuilderAssetsEnv, "")
+			assets := t.TempDir()
+			for name, version := range tt.assets {
+				fakeBinary(t, assets, name, version)
+			}
+			if tt.env != "" {
+				t.Setenv(tt.env, assets)
+			}
+			var progress bytes.Buffer
+			bins, err := FindOrBuild(context.Background(), BuildConfig{CacheDir: cache, Progress: &progress, GoBin: "/nonexistent/go"})
+			if err != nil {
+				t.Fatalf("FindOrBuild: %v", err)
+			}
+			got := map[string]string{"etcd": bins.Etcd, "kube-apiserver": bins.APIServer, "kube-controller-manager": bins.ControllerManager}
+			for name, where := range tt.want {
+				want := cached[name]
+				if where == "assets" {
+					want = filepath.Join(assets, name)
+				}
+				if got[name] != want {
+					t.Errorf("%s = %s, want %s (%s)", name, got[name], want, where)
+				}
+			}
+			if tt.ignoring != "" && !strings.Contains(progress.String(), tt.ignoring) {
+				t.Errorf("progress should say why assets were ignored, got %q", progress.String())
+			}
+		})
+	}
+}
+
+func TestBuildFailureLeavesNoBinaryInCache(t *testing.T) {
+	cache := t.TempDir()
+	// A "go" that fails half-way, after writing a partial output file, as an interrupted build would.
+	goBin := filepath.Join(t.TempDir(), "go")
+	script := "#!/bin/sh\nwhile [ \"$1\" != \"-o\" ]; do shift; done\necho partial > \"$2\"\necho 'compile: out of memory' >&2\nexit 1\n"
+	if err := os.WriteFile(goBin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(AssetsEnv, "")
+	t.Setenv(KubebuilderAssetsEnv, "")
+	_, err := FindOrBuild(context.Background(), BuildConfig{CacheDir: cache, Progress: &bytes.Buffer{}, GoBin: goBin})
+	if err == nil || !strings.Contains(err.Error(), "out of memory") {
+		t.Fatalf("want the build's error with its stderr, got %v", err)
+	}
+	if isExecutable(filepath.Join(cache, etcdComponent.cacheSubdir, "etcd")) {
+		t.Fatal("a failed build left a binary in the cache")
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(cache, etcdComponent.cacheSubdir, "etcd.tmp-*"))
+	if len(leftovers) != 0 {
+		t.Fatalf("temporary build output left behind: %v", leftovers)
+	}
+}

@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,8 +131,13 @@ type Config struct {
 	Clock clock.WithTicker
 	// Registry receives the metrics and is served on /metrics. Default a new private registry.
 	Registry *prometheus.Registry
-	// Recorder records Events. Default: a broadcaster writing to the API server.
+	// Recorder records Events. Default: a broadcaster writing to the API server through
+	// EventClient.
 	Recorder record.EventRecorder
+	// EventClient carries the default recorder's Events. It is separate from Client so that
+	// Events, which are many and lossy, never eat the rate limit of the pipeline's Node patches
+	// when many nodes fail at once. Default Client.
+	EventClient kubernetes.Interface
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -392,7 +398,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	defer c.queue.ShutDown()
 	if c.bcast != nil {
-		c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		events := c.cfg.EventClient
+		if events == nil {
+			events = c.client
+		}
+		c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: events.CoreV1().Events("")})
 		defer c.bcast.Shutdown()
 	}
 	// The informers stop with this context, which ends when Run returns for any reason (the
@@ -415,6 +425,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return errors.New("remediation: informers did not sync")
 	}
 	c.log.Info("informers synced", "dry_run", c.rc.DryRun, "policies", len(c.rc.Policies))
+	// The initial lists are the largest allocation of the process's life (every Node decoded
+	// before the transform strips it); hand that memory back now rather than minutes later.
+	debug.FreeOSMemory()
 
 	if !c.cfg.LeaderElection.Enabled {
 		c.lead(ctx)

@@ -155,12 +155,17 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 			return nil, c.cfg.BlockedRequeue, nil
 		}
 	}
+	// The rails and the in-flight reservation are decided under gateMu; the patch is sent
+	// after releasing it, so that marking many nodes at once (a zone losing power) does not
+	// serialise every worker behind one API round trip each. A failed patch gives the slot back.
 	c.gateMu.Lock()
-	defer c.gateMu.Unlock()
 	if reason, msg := c.checkRails(node, p, stepMark, now); reason != "" {
+		c.gateMu.Unlock()
 		c.blocked(node, reason, msg)
 		return nil, c.cfg.BlockedRequeue, nil
 	}
+	c.reserveLocked(node.Name, p.Name, now)
+	c.gateMu.Unlock()
 	ann := map[string]*string{
 		decide.AnnotationState:     ptr.To(string(decide.PhaseMarked)),
 		decide.AnnotationReason:    ptr.To(d.Reason),
@@ -172,9 +177,11 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 	}
 	n, err := c.patchNode(ctx, node, nodePatch{annotations: ann})
 	if err != nil {
+		c.gateMu.Lock()
+		delete(c.reservations, node.Name)
+		c.gateMu.Unlock()
 		return nil, 0, err
 	}
-	c.reserveLocked(node.Name, p.Name, now)
 	c.unblocked(node.Name)
 	c.recorder.Eventf(n, corev1.EventTypeWarning, EventRemediationStarted, "remediating under policy %s (action %s) for %s: %s", p.Name, p.Action, d.Reason, d.Message)
 	c.log.Warn("remediation started", "node", node.Name, "reason", d.Reason, "policy", p.Name, "action", string(p.Action))

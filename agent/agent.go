@@ -28,14 +28,13 @@ import (
 	promcollectors "github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 
 	"github.com/nodevigil/nodevigil/agent/conditions"
+	"github.com/nodevigil/nodevigil/agent/events"
 	"github.com/nodevigil/nodevigil/agent/heartbeat"
 	"github.com/nodevigil/nodevigil/agent/taints"
 	"github.com/nodevigil/nodevigil/collectors"
@@ -96,12 +95,35 @@ const (
 	repairCheck            = "kubelet"
 )
 
-// Config configures an Agent. Zero values are replaced by defaults; Client, NodeName,
-// Namespace and PodName are required.
+// NodeClient reads and patches this node: the conditions (nodes/status), the startup taints
+// and the Lease's ownerReference all go through it. It is declared here rather than taken from
+// client-go so the binary can pass a client that links only the API groups the agent uses
+// (package kubeclient); client-go's typed clientset.CoreV1().Nodes() satisfies it as well.
+type NodeClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
+}
+
+// EventRecorder records Events on the Node. It is the subset of client-go's
+// record.EventRecorder the agent uses (package events implements it; tests pass
+// record.FakeRecorder).
+type EventRecorder interface {
+	Event(object k8sruntime.Object, eventtype, reason, message string)
+	Eventf(object k8sruntime.Object, eventtype, reason, messageFmt string, args ...any)
+}
+
+// Config configures an Agent. Zero values are replaced by defaults; Nodes, Leases, Events (or
+// Recorder), NodeName, Namespace and PodName are required. The clients' rate limits are the
+// caller's (the binary sets them from --kube-api-qps/--kube-api-burst).
 type Config struct {
-	// Client talks to the API server. Its rate limits are the caller's (the binary sets them
-	// from --kube-api-qps/--kube-api-burst).
-	Client kubernetes.Interface
+	// Nodes reads and patches this node. Required.
+	Nodes NodeClient
+	// Leases reads and writes the heartbeat Lease; it must act on Namespace. Required.
+	Leases heartbeat.LeaseClient
+	// Events stores the Events recorded on the Node (in the default namespace), through an
+	// events.Recorder that aggregates repeats and rate-limits as client-go's broadcaster does.
+	// Required unless Recorder is set.
+	Events events.Sink
 	// NodeName is this node.
 	NodeName string
 	// Namespace holds the heartbeat Lease.
@@ -147,8 +169,8 @@ type Config struct {
 	// Registry holds the agent's metrics (default a new private registry). The Go and
 	// process collectors and nodevigil_build_info are registered on it.
 	Registry *prometheus.Registry
-	// Recorder records Events on the Node (default: a broadcaster writing through Client).
-	Recorder record.EventRecorder
+	// Recorder records Events on the Node (default: an events.Recorder writing to Events).
+	Recorder EventRecorder
 	// Clock is the time source (default the real clock).
 	Clock clock.WithTicker
 	// Logger (default slog.Default()).
@@ -157,15 +179,15 @@ type Config struct {
 
 // Agent is the running per-node agent.
 type Agent struct {
-	cfg         Config
-	broadcaster record.EventBroadcaster
-	recorder    record.EventRecorder
-	nodeRef     *v1.ObjectReference
-	conditions  *conditions.Manager
-	taints      *taints.Manager
-	lease       *heartbeat.Renewer
-	handler     http.Handler
-	running     map[string]*atomic.Bool
+	cfg        Config
+	events     *events.Recorder // nil when Config.Recorder is set
+	recorder   EventRecorder
+	nodeRef    *v1.ObjectReference
+	conditions *conditions.Manager
+	taints     *taints.Manager
+	lease      *heartbeat.Renewer
+	handler    http.Handler
+	running    map[string]*atomic.Bool
 
 	checkStatus   *prometheus.GaugeVec
 	checkDuration *prometheus.HistogramVec
@@ -180,8 +202,12 @@ type Agent struct {
 // New validates cfg, fills defaults and builds the agent's parts. It does no I/O.
 func New(cfg Config) (*Agent, error) {
 	switch {
-	case cfg.Client == nil:
-		return nil, errors.New("agent: Client is required")
+	case cfg.Nodes == nil:
+		return nil, errors.New("agent: Nodes is required")
+	case cfg.Leases == nil:
+		return nil, errors.New("agent: Leases is required")
+	case cfg.Events == nil && cfg.Recorder == nil:
+		return nil, errors.New("agent: Events or Recorder is required")
 	case cfg.NodeName == "":
 		return nil, errors.New("agent: NodeName is required; set --node-name or NODE_NAME")
 	case cfg.Namespace == "":
@@ -241,8 +267,14 @@ func New(cfg Config) (*Agent, error) {
 
 	a.recorder = cfg.Recorder
 	if a.recorder == nil {
-		a.broadcaster = record.NewBroadcaster()
-		a.recorder = a.broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: Component, Host: cfg.NodeName})
+		rec, err := events.New(events.Config{
+			Sink: cfg.Events, Source: v1.EventSource{Component: Component, Host: cfg.NodeName},
+			FlushTimeout: cfg.ShutdownTimeout, Clock: cfg.Clock, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.events, a.recorder = rec, rec
 	}
 
 	if err := a.registerMetrics(); err != nil {
@@ -251,14 +283,14 @@ func New(cfg Config) (*Agent, error) {
 
 	var err error
 	a.conditions, err = conditions.New(conditions.Config{
-		Client: cfg.Client, NodeName: cfg.NodeName, HeartbeatPeriod: cfg.ConditionHeartbeat, Timeout: cfg.APITimeout,
+		Client: cfg.Nodes, NodeName: cfg.NodeName, HeartbeatPeriod: cfg.ConditionHeartbeat, Timeout: cfg.APITimeout,
 		Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.taints, err = taints.New(taints.Config{
-		Client: cfg.Client, NodeName: cfg.NodeName, OwnedKeys: cfg.OwnedTaints, GatingChecks: cfg.GatingChecks,
+		Client: cfg.Nodes, NodeName: cfg.NodeName, OwnedKeys: cfg.OwnedTaints, GatingChecks: cfg.GatingChecks,
 		StabilityWindow: cfg.TaintStabilityWindow, ReaddOnFailure: cfg.ReaddTaintOnFailure, Timeout: cfg.APITimeout,
 		StartTime: cfg.Clock.Now(), Recorder: a.recorder, Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
 	})
@@ -266,7 +298,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.lease, err = heartbeat.New(heartbeat.Config{
-		Client: cfg.Client, NodeName: cfg.NodeName, Namespace: cfg.Namespace, HolderIdentity: cfg.PodName,
+		Leases: cfg.Leases, Nodes: cfg.Nodes, NodeName: cfg.NodeName, Namespace: cfg.Namespace, HolderIdentity: cfg.PodName,
 		LeaseDuration: cfg.LeaseDuration, RenewInterval: cfg.LeaseRenewInterval, RenewTimeout: cfg.LeaseRenewTimeout,
 		Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
 	})
@@ -358,10 +390,6 @@ func (a *Agent) Run(ctx context.Context) error {
 
 func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 	log := a.cfg.Logger.With("node", a.cfg.NodeName)
-	if a.broadcaster != nil {
-		a.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.cfg.Client.CoreV1().Events("")})
-		defer a.broadcaster.Shutdown()
-	}
 
 	srv := &http.Server{
 		Handler:           a.handler,
@@ -373,6 +401,9 @@ func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(a.cfg.Logger.Handler(), slog.LevelWarn),
 	}
 	var wg sync.WaitGroup
+	if a.events != nil {
+		wg.Go(func() { a.events.Run(ctx) })
+	}
 	wg.Add(2)
 	go func() {
 		defer wg.Done()

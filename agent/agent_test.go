@@ -75,6 +75,14 @@ func (f *fakeRepairer) Repair(context.Context, collectors.Result) (RepairOutcome
 	return f.out, f.err
 }
 
+// setClients points cfg's API clients at a fake clientset, through client-go's typed clients
+// (which satisfy the agent's interfaces as the binary's kubeclient does).
+func setClients(cfg *Config, client *fake.Clientset) {
+	cfg.Nodes = client.CoreV1().Nodes()
+	cfg.Leases = client.CoordinationV1().Leases(cfg.Namespace)
+	cfg.Events = client.CoreV1().Events(metav1.NamespaceDefault)
+}
+
 type harness struct {
 	client   *fake.Clientset
 	clock    *clocktesting.FakeClock
@@ -109,11 +117,12 @@ func newHarness(t *testing.T, mut func(*Config)) *harness {
 		checks = append(checks, c)
 	}
 	cfg := Config{
-		Client: h.client, NodeName: nodeName, Namespace: "nodevigil-system", PodName: "agent-pod", Version: "v0.1.0-test",
+		NodeName: nodeName, Namespace: "nodevigil-system", PodName: "agent-pod", Version: "v0.1.0-test",
 		Checks: checks, CheckTimeout: 100 * time.Millisecond,
 		Registry: h.reg, Recorder: h.recorder, Clock: h.clock,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	setClients(&cfg, h.client)
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -370,19 +379,23 @@ func TestRepairRecordsEventsAndMetrics(t *testing.T) {
 }
 
 func TestNewRejectsGatingCheckWithoutChecker(t *testing.T) {
-	_, err := New(Config{Client: fake.NewClientset(), NodeName: nodeName, Namespace: "ns", PodName: "p",
-		Checks: []Checker{&fakeCheck{name: "kubelet"}}, GatingChecks: []string{"kubelet", "cni"}})
+	cfg := Config{NodeName: nodeName, Namespace: "ns", PodName: "p",
+		Checks: []Checker{&fakeCheck{name: "kubelet"}}, GatingChecks: []string{"kubelet", "cni"}}
+	setClients(&cfg, fake.NewClientset())
+	_, err := New(cfg)
 	if err == nil || !strings.Contains(err.Error(), `"cni"`) {
 		t.Fatalf("New = %v, want an error naming cni", err)
 	}
-	if _, err := New(Config{Client: fake.NewClientset(), Namespace: "ns", PodName: "p"}); err == nil || !strings.Contains(err.Error(), "--node-name") {
+	cfg = Config{Namespace: "ns", PodName: "p"}
+	setClients(&cfg, fake.NewClientset())
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("New without node = %v, want a hint to --node-name", err)
 	}
 }
 
 func TestRunServesAndStopsPromptly(t *testing.T) {
-	// Real clock and the real event broadcaster; release taints on the first healthy cycle so
-	// an Event goes through the broadcaster to the API.
+	// Real clock and the real event recorder; release taints on the first healthy cycle so
+	// an Event goes through the recorder to the API.
 	h := newHarness(t, func(c *Config) {
 		c.Clock = nil
 		c.Recorder = nil
@@ -425,7 +438,7 @@ func TestRunServesAndStopsPromptly(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no Event written through the broadcaster")
+			t.Fatal("no Event written through the recorder")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -478,5 +491,34 @@ func TestMetricsRegistered(t *testing.T) {
 		if !names[want] {
 			t.Errorf("metric %s not registered", want)
 		}
+	}
+}
+
+func TestNewRequiresClients(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*Config)
+		want string
+	}{
+		{"no node client", func(c *Config) { c.Nodes = nil }, "Nodes"},
+		{"no lease client", func(c *Config) { c.Leases = nil }, "Leases"},
+		{"no event sink nor recorder", func(c *Config) { c.Events, c.Recorder = nil, nil }, "Events"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{NodeName: nodeName, Namespace: "ns", PodName: "p"}
+			setClients(&cfg, fake.NewClientset())
+			tc.mut(&cfg)
+			if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+	// A Recorder stands in for the event sink.
+	cfg := Config{NodeName: nodeName, Namespace: "ns", PodName: "p", Recorder: record.NewFakeRecorder(1),
+		Checks: []Checker{&fakeCheck{name: "kubelet"}, &fakeCheck{name: "cni"}}}
+	setClients(&cfg, fake.NewClientset())
+	cfg.Events = nil
+	if _, err := New(cfg); err != nil {
+		t.Errorf("New with Recorder and no Events: %v", err)
 	}
 }

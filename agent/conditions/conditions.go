@@ -28,7 +28,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
 	"github.com/nodevigil/nodevigil/collectors"
@@ -105,10 +104,19 @@ const (
 	DefaultMaxBackoff      = 30 * time.Second
 )
 
+// NodeClient is the part of the Node API the Manager uses: a read at start-up (to adopt the
+// conditions already there) and patches of the status subresource. It is declared here, not
+// taken from client-go, so the agent binary can satisfy it with a client that links only the
+// core API group; client-go's typed NodeInterface (clientset.CoreV1().Nodes()) satisfies it too.
+type NodeClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
+}
+
 // Config configures a Manager. Zero values are replaced by defaults.
 type Config struct {
-	// Client writes nodes/status. Required.
-	Client kubernetes.Interface
+	// Client reads the Node and patches nodes/status. Required.
+	Client NodeClient
 	// NodeName is the Node to write. Required.
 	NodeName string
 	// HeartbeatPeriod is how often unchanged conditions are re-written (default 5m).
@@ -243,7 +251,7 @@ func (m *Manager) Sync(ctx context.Context, results []collectors.Result) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
-	_, err = m.cfg.Client.CoreV1().Nodes().PatchStatus(cctx, m.cfg.NodeName, body)
+	_, err = m.cfg.Client.Patch(cctx, m.cfg.NodeName, PatchType, body, metav1.PatchOptions{}, "status")
 	if err != nil {
 		m.patches.WithLabelValues("error").Inc()
 		m.fail(now)
@@ -269,7 +277,7 @@ func (m *Manager) Sync(ctx context.Context, results []collectors.Result) error {
 func (m *Manager) adopt(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
-	node, err := m.cfg.Client.CoreV1().Nodes().Get(cctx, m.cfg.NodeName, metav1.GetOptions{})
+	node, err := m.cfg.Client.Get(cctx, m.cfg.NodeName, metav1.GetOptions{})
 	if err != nil {
 		m.cfg.Logger.Warn("read node conditions failed", "node", m.cfg.NodeName, "err", err)
 		return fmt.Errorf("read node %s: %w", m.cfg.NodeName, err)

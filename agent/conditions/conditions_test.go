@@ -73,7 +73,7 @@ func newHarness(t *testing.T, node *v1.Node) *harness {
 func (h *harness) newManager(t *testing.T) *Manager {
 	t.Helper()
 	m, err := New(Config{
-		Client:     h.client,
+		Client:     h.client.CoreV1().Nodes(),
 		NodeName:   nodeName,
 		Clock:      h.clock,
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -416,7 +416,7 @@ func TestPatchFailureBacksOffAndCounts(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t, newNode())
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Client: h.client, NodeName: nodeName, Clock: h.clock, Registerer: reg,
+	m, err := New(Config{Client: h.client.CoreV1().Nodes(), NodeName: nodeName, Clock: h.clock, Registerer: reg,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -24,9 +24,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 )
@@ -53,10 +53,28 @@ const (
 	ResultError    = "error"
 )
 
+// LeaseClient reads and writes Leases in one namespace. It is declared here, not taken from
+// client-go, so the agent binary can satisfy it with a client that links only the
+// coordination.k8s.io/v1 API group; client-go's typed LeaseInterface
+// (clientset.CoordinationV1().Leases(ns)) satisfies it too.
+type LeaseClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+}
+
+// NodeGetter reads the Node, whose UID the Lease's ownerReference needs. client-go's typed
+// NodeInterface satisfies it.
+type NodeGetter interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
+}
+
 // Config configures a Renewer. Zero values are replaced by defaults.
 type Config struct {
-	// Client reads Nodes and writes Leases. Required.
-	Client kubernetes.Interface
+	// Leases writes the Lease. It must act on Namespace. Required.
+	Leases LeaseClient
+	// Nodes reads the Node for the Lease's ownerReference. Required.
+	Nodes NodeGetter
 	// NodeName names the Lease and its owner Node. Required.
 	NodeName string
 	// Namespace holds the Lease. Required.
@@ -103,8 +121,10 @@ type Renewer struct {
 // New validates cfg, fills defaults and registers the metrics.
 func New(cfg Config) (*Renewer, error) {
 	switch {
-	case cfg.Client == nil:
-		return nil, errors.New("heartbeat: Client is required")
+	case cfg.Leases == nil:
+		return nil, errors.New("heartbeat: Leases is required")
+	case cfg.Nodes == nil:
+		return nil, errors.New("heartbeat: Nodes is required")
 	case cfg.NodeName == "":
 		return nil, errors.New("heartbeat: NodeName is required")
 	case cfg.Namespace == "":
@@ -250,7 +270,7 @@ func (r *Renewer) renew(ctx context.Context) error {
 			r.fetchOwner(ctx)
 		}
 	}
-	leases := r.cfg.Client.CoordinationV1().Leases(r.cfg.Namespace)
+	leases := r.cfg.Leases
 	existing, err := leases.Get(ctx, r.cfg.NodeName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: r.cfg.NodeName, Namespace: r.cfg.Namespace}}
@@ -273,7 +293,7 @@ func (r *Renewer) renew(ctx context.Context) error {
 // matters more than its garbage collection, so a failure is logged and retried on the next
 // renewal while the Lease is still renewed (keeping whatever owner it already has).
 func (r *Renewer) fetchOwner(ctx context.Context) {
-	node, err := r.cfg.Client.CoreV1().Nodes().Get(ctx, r.cfg.NodeName, metav1.GetOptions{})
+	node, err := r.cfg.Nodes.Get(ctx, r.cfg.NodeName, metav1.GetOptions{})
 	if err != nil {
 		level := slog.LevelWarn
 		if r.ownerWarned {
@@ -289,7 +309,7 @@ func (r *Renewer) fetchOwner(ctx context.Context) {
 
 func (r *Renewer) update(ctx context.Context, lease *coordinationv1.Lease) error {
 	r.apply(lease)
-	updated, err := r.cfg.Client.CoordinationV1().Leases(r.cfg.Namespace).Update(ctx, lease, metav1.UpdateOptions{})
+	updated, err := r.cfg.Leases.Update(ctx, lease, metav1.UpdateOptions{})
 	if err != nil {
 		return fmt.Errorf("update: %w", err)
 	}

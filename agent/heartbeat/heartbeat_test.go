@@ -40,7 +40,7 @@ func newNode() *v1.Node {
 func newRenewer(t *testing.T, client *fake.Clientset, clk *clocktesting.FakeClock) *Renewer {
 	t.Helper()
 	r, err := New(Config{
-		Client: client, NodeName: nodeName, Namespace: ns, HolderIdentity: pod,
+		Leases: client.CoordinationV1().Leases(ns), Nodes: client.CoreV1().Nodes(), NodeName: nodeName, Namespace: ns, HolderIdentity: pod,
 		Clock: clk, Rand: func() float64 { return 0 },
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Registerer: prometheus.NewRegistry(),
@@ -316,7 +316,8 @@ func TestRunRenewsOnScheduleAndBacksOffOnFailure(t *testing.T) {
 }
 
 func TestNewRejectsBadTiming(t *testing.T) {
-	base := Config{Client: fake.NewClientset(), NodeName: nodeName, Namespace: ns, HolderIdentity: pod}
+	client := fake.NewClientset()
+	base := Config{Leases: client.CoordinationV1().Leases(ns), Nodes: client.CoreV1().Nodes(), NodeName: nodeName, Namespace: ns, HolderIdentity: pod}
 	for _, tc := range []struct {
 		name string
 		mut  func(*Config)
@@ -324,6 +325,8 @@ func TestNewRejectsBadTiming(t *testing.T) {
 		{"renew interval not below duration", func(c *Config) { c.RenewInterval = 50 * time.Second }},
 		{"timeout not below interval", func(c *Config) { c.RenewTimeout = 10 * time.Second }},
 		{"no holder", func(c *Config) { c.HolderIdentity = "" }},
+		{"no lease client", func(c *Config) { c.Leases = nil }},
+		{"no node client", func(c *Config) { c.Nodes = nil }},
 	} {
 		c := base
 		tc.mut(&c)

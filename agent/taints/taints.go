@@ -28,9 +28,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
@@ -61,10 +60,27 @@ const (
 // DefaultGatingChecks are the checks whose health releases the node.
 var DefaultGatingChecks = []string{"kubelet", "cni"}
 
+// NodeClient is the part of the Node API the Manager uses: read the Node, then merge-patch its
+// spec.taints. It is declared here, not taken from client-go, so the agent binary can satisfy
+// it with a client that links only the core API group; client-go's typed NodeInterface
+// (clientset.CoreV1().Nodes()) satisfies it too.
+type NodeClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
+}
+
+// EventRecorder records Events on the Node. It is the subset of client-go's
+// record.EventRecorder the Manager uses, so any recorder (client-go's, or the agent's own
+// lighter one) can be passed without this package linking an event broadcaster.
+type EventRecorder interface {
+	Event(object runtime.Object, eventtype, reason, message string)
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
+}
+
 // Config configures a Manager. Zero values are replaced by defaults.
 type Config struct {
 	// Client reads and patches the Node. Required.
-	Client kubernetes.Interface
+	Client NodeClient
 	// NodeName is this node. Required.
 	NodeName string
 	// OwnedKeys are the taint keys the agent may remove (default [DefaultOwnedKey]). An empty
@@ -87,7 +103,7 @@ type Config struct {
 	// StartTime is when the agent started, for the Event message (default: Clock.Now() at New).
 	StartTime time.Time
 	// Recorder records Events on the Node (default: discard).
-	Recorder record.EventRecorder
+	Recorder EventRecorder
 	// Clock is the time source (default the real clock).
 	Clock clock.PassiveClock
 	// Logger (default slog.Default()).
@@ -147,7 +163,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg.StartTime = cfg.Clock.Now()
 	}
 	if cfg.Recorder == nil {
-		cfg.Recorder = &record.FakeRecorder{}
+		cfg.Recorder = discard{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -266,7 +282,7 @@ func (m *Manager) remove(ctx context.Context, now time.Time) error {
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		cctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 		defer cancel()
-		node, err := m.cfg.Client.CoreV1().Nodes().Get(cctx, m.cfg.NodeName, metav1.GetOptions{})
+		node, err := m.cfg.Client.Get(cctx, m.cfg.NodeName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -280,7 +296,7 @@ func (m *Manager) remove(ctx context.Context, now time.Time) error {
 		if err != nil {
 			return err
 		}
-		_, err = m.cfg.Client.CoreV1().Nodes().Patch(cctx, m.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{})
+		_, err = m.cfg.Client.Patch(cctx, m.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{})
 		return err
 	})
 	if err != nil {
@@ -320,7 +336,7 @@ func (m *Manager) readd(ctx context.Context, cause collectors.Result) error {
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		cctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 		defer cancel()
-		node, err := m.cfg.Client.CoreV1().Nodes().Get(cctx, m.cfg.NodeName, metav1.GetOptions{})
+		node, err := m.cfg.Client.Get(cctx, m.cfg.NodeName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -333,7 +349,7 @@ func (m *Manager) readd(ctx context.Context, cause collectors.Result) error {
 		if err != nil {
 			return err
 		}
-		_, err = m.cfg.Client.CoreV1().Nodes().Patch(cctx, m.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{})
+		_, err = m.cfg.Client.Patch(cctx, m.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{})
 		added = err == nil
 		return err
 	})
@@ -350,6 +366,12 @@ func (m *Manager) readd(ctx context.Context, cause collectors.Result) error {
 	}
 	return nil
 }
+
+// discard is the default EventRecorder: it drops every Event.
+type discard struct{}
+
+func (discard) Event(runtime.Object, string, string, string)          {}
+func (discard) Eventf(runtime.Object, string, string, string, ...any) {}
 
 // Split partitions taints into those to keep and the keys of those owned. It never
 // reorders the kept taints.

@@ -60,7 +60,7 @@ func newHarness(t *testing.T, cfg Config, taints ...v1.Taint) *harness {
 		clock:    clocktesting.NewFakePassiveClock(t0),
 		recorder: record.NewFakeRecorder(10),
 	}
-	cfg.Client = h.client
+	cfg.Client = h.client.CoreV1().Nodes()
 	cfg.NodeName = nodeName
 	cfg.Clock = h.clock
 	cfg.Recorder = h.recorder
@@ -381,5 +381,28 @@ func TestTaintsPatchEmptyListClears(t *testing.T) {
 	}
 	if got, want := string(b), `{"metadata":{"resourceVersion":"42"},"spec":{"taints":[]}}`; got != want {
 		t.Errorf("patch = %s, want %s", got, want)
+	}
+}
+
+// Without a Recorder the Manager still removes taints; Events go nowhere.
+func TestNilRecorderDiscardsEvents(t *testing.T) {
+	client := fake.NewClientset(&v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName},
+		Spec:       v1.NodeSpec{Taints: []v1.Taint{{Key: DefaultOwnedKey, Effect: v1.TaintEffectNoSchedule}}},
+	})
+	m, err := New(Config{Client: client.CoreV1().Nodes(), NodeName: nodeName, StabilityWindow: -1,
+		Clock: clocktesting.NewFakePassiveClock(t0), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Reconcile(context.Background(), gating(collectors.StatusHealthy, collectors.StatusHealthy)); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	n, err := client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n.Spec.Taints) != 0 || !m.Released() {
+		t.Errorf("taints = %v released = %v, want none and released", n.Spec.Taints, m.Released())
 	}
 }

@@ -206,3 +206,20 @@ func TestRunCommandErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestProcs(t *testing.T) {
+	for _, tc := range []struct {
+		current int
+		envSet  bool
+		want    int
+	}{
+		{current: 1, want: 0},
+		{current: maxProcs, want: 0},
+		{current: 64, want: maxProcs},
+		{current: 64, envSet: true, want: 0},
+	} {
+		if got := procs(tc.current, tc.envSet); got != tc.want {
+			t.Errorf("procs(%d, env set %v) = %d, want %d", tc.current, tc.envSet, got, tc.want)
+		}
+	}
+}

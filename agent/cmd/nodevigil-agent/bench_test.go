@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/nodevigil/nodevigil/agent/config"
+	"github.com/nodevigil/nodevigil/collectors"
+)
+
+// BenchmarkCheckCycle measures one full cycle of every check, as the agent runs it every
+// check interval: memory (procfs PSI + meminfo), kubelet (healthz over loopback; no D-Bus
+// here), CNI (conflist + plugin binaries) and the kubelet flag check, over a fixture host root.
+func BenchmarkCheckCycle(b *testing.B) {
+	kubelet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	defer kubelet.Close()
+	cfg, code := loadConfig(config.ModeCheck, []string{"--host-root", "testdata/hosts/healthy", "--kubelet-healthz-url", kubelet.URL + "/healthz"}, io.Discard)
+	if cfg == nil {
+		b.Fatalf("config: exit %d", code)
+	}
+	checks, closeAll, err := buildChecks(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer closeAll()
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		results := runOnce(ctx, checks, 5*time.Second)
+		for _, r := range results {
+			if r.Status == "" || r.Status == collectors.StatusUnknown && r.Check != "kubelet-config" {
+				b.Fatalf("%s: %s %s: %s", r.Check, r.Status, r.Reason, r.Message)
+			}
+		}
+	}
+}

@@ -48,7 +48,7 @@ lint: ## go vet, gofmt and staticcheck (pinned, run through the Go toolchain).
 .PHONY: bench
 bench: ## Benchmarks (Go benchmarks plus the agent/remediator scripts); see docs/benchmarks.md.
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) $(UNIT_PKGS) | tee bench.out
-	@echo "raw results in bench.out; summarise with: go run golang.org/x/perf/cmd/benchstat@v0.0.0-20250515181824-f1b6a0fbbd03 bench.out"
+	@echo "raw results in bench.out; summarise with: go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da bench.out"
 
 .PHONY: run
 run: build control-plane ## Run nodevigil locally: control plane, EC2 emulator, agent for this host, remediator in dry-run.

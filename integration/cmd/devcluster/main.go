@@ -135,8 +135,9 @@ nodevigil is running locally:
   try:  kubectl --kubeconfig %[7]s get node %[4]s -o yaml
         kubectl --kubeconfig %[7]s get events -A
         curl -s http://%[5]s/metrics | grep nodevigil_
-  The agent runs against this machine's real /proc and CNI directories; with no kubelet here it
-  reports KubeletHealthy=False, and the remediator (dry-run) says what it would do about it.
+  The agent runs against this machine's real /proc and CNI directories. There is no kubelet
+  here, so the Node turns Ready=Unknown and the agent says what it sees (KubeletHealthy,
+  NetworkingReady); the remediator, in dry-run, records what it would do about it.
 Ctrl-C stops everything.
 `, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath())
 

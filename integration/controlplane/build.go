@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -63,6 +64,8 @@ func (c *BuildConfig) defaults() error {
 	if c.Progress == nil {
 		c.Progress = os.Stderr
 	}
+	// The go command's stdout and stderr and the build heartbeat all write progress at once.
+	c.Progress = &lockedWriter{w: c.Progress}
 	if c.GoBin == "" {
 		c.GoBin = "go"
 	}
@@ -286,6 +289,18 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// lockedWriter serialises writes to a writer that is not safe for concurrent use.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // tail returns the last n lines of s.

@@ -17,7 +17,7 @@ func TestParseOptionsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.namespace != "ops" || o.listenAddress != ":9737" || !o.leaderElect || o.leaseDuration != 15*time.Second ||
-		o.renewDeadline != 10*time.Second || o.retryPeriod != 2*time.Second || o.kubeAPIQPS != 20 || o.dryRun.set {
+		o.renewDeadline != 10*time.Second || o.retryPeriod != 2*time.Second || o.kubeAPIQPS != 50 || o.kubeAPIBurst != 200 || o.dryRun.set {
 		t.Errorf("defaults = %+v", o)
 	}
 }

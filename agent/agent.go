@@ -482,24 +482,51 @@ func (a *Agent) RunChecks(ctx context.Context) []collectors.Result {
 
 func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
 	name := c.Name()
-	unknown := func(reason, msg string, err error) collectors.Result {
-		return collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: reason, Message: msg,
-			Time: a.cfg.Clock.Now(), Err: err}
-	}
 	busy := a.running[name]
 	if !busy.CompareAndSwap(false, true) {
-		return unknown("CheckStillRunning", "the previous run of this check has not returned yet",
-			errors.New("previous run still in progress"))
+		return collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: "CheckStillRunning",
+			Message: "the previous run of this check has not returned yet", Time: a.cfg.Clock.Now(),
+			Err: errors.New("previous run still in progress")}
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.cfg.CheckTimeout)
-	defer cancel()
 	start := a.cfg.Clock.Now()
+	r := runGuarded(ctx, c, a.cfg.CheckTimeout, a.cfg.Clock.Now, a.cfg.Logger, func() { busy.Store(false) })
+	a.checkDuration.WithLabelValues(name).Observe(a.cfg.Clock.Since(start).Seconds())
+	return r
+}
+
+// RunOnce runs every check once, concurrently, each under timeout and guarded like the
+// agent's own loop (a hung check becomes CheckTimeout, a panicking one CheckPanicked), and
+// returns the results in the checks' order. It is the one-shot `check` command's runner.
+func RunOnce(ctx context.Context, checks []Checker, timeout time.Duration, log *slog.Logger) []collectors.Result {
+	results := make([]collectors.Result, len(checks))
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = runGuarded(ctx, c, timeout, time.Now, log, func() {})
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// runGuarded runs one check under timeout, turning a timeout or a panic into an Unknown
+// result and normalising what the check returned. done is called when the check's goroutine
+// has really returned, which may be after runGuarded gave up on it.
+func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func() time.Time, log *slog.Logger, done func()) collectors.Result {
+	name := c.Name()
+	unknown := func(reason, msg string, err error) collectors.Result {
+		return collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: reason, Message: msg, Time: now(), Err: err}
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	ch := make(chan collectors.Result, 1)
 	go func() {
-		defer busy.Store(false)
+		defer done()
 		defer func() {
 			if p := recover(); p != nil {
-				a.cfg.Logger.Error("check panicked", "check", name, "err", fmt.Sprint(p), "stack", string(debug.Stack()))
+				log.Error("check panicked", "check", name, "err", fmt.Sprint(p), "stack", string(debug.Stack()))
 				ch <- unknown("CheckPanicked", fmt.Sprintf("check panicked: %v", p), fmt.Errorf("panic: %v", p))
 			}
 		}()
@@ -509,14 +536,13 @@ func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
 	select {
 	case r = <-ch:
 	case <-cctx.Done():
-		r = unknown("CheckTimeout", fmt.Sprintf("check did not return within %s", a.cfg.CheckTimeout), cctx.Err())
+		r = unknown("CheckTimeout", fmt.Sprintf("check did not return within %s", timeout), cctx.Err())
 	}
-	a.checkDuration.WithLabelValues(name).Observe(a.cfg.Clock.Since(start).Seconds())
 	if r.Check == "" {
 		r.Check = name
 	}
 	if r.Time.IsZero() {
-		r.Time = a.cfg.Clock.Now()
+		r.Time = now()
 	}
 	switch r.Status {
 	case collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown:

@@ -37,18 +37,14 @@ var (
 const ownedTaint = "readiness.k8s.io/nodevigil-agent-not-ready"
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "nodevigil-agent-bin-")
+	bin, cleanup, err := testbin.BuildTemp(context.Background(), "github.com/nodevigil/nodevigil/agent/cmd/nodevigil-agent")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	agentBin, err = testbin.Build(context.Background(), "github.com/nodevigil/nodevigil/agent/cmd/nodevigil-agent", dir, true)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	agentBin = bin
 	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 

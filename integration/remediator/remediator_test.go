@@ -43,18 +43,14 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "nodevigil-remediator-bin-")
+	bin, cleanup, err := testbin.BuildTemp(context.Background(), "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	remediatorBin, err = testbin.Build(context.Background(), "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator", dir, true)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	remediatorBin = bin
 	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
-	os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }
 

@@ -151,3 +151,18 @@ func HTTPStatus(ctx context.Context, url string) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// BuildTemp builds pkg with the race detector into a new temporary directory, for a test
+// package's TestMain; cleanup removes the directory.
+func BuildTemp(ctx context.Context, pkg string) (path string, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "nodevigil-testbin-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create build dir: %w", err)
+	}
+	path, err = Build(ctx, pkg, dir, true)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return path, func() { os.RemoveAll(dir) }, nil
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodevigil/nodevigil/agent"
 	"github.com/nodevigil/nodevigil/agent/config"
 	"github.com/nodevigil/nodevigil/collectors"
 )
@@ -31,7 +32,7 @@ func BenchmarkCheckCycle(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		results := runOnce(ctx, checks, 5*time.Second)
+		results := agent.RunOnce(ctx, checks, 5*time.Second, slog.New(slog.DiscardHandler))
 		for _, r := range results {
 			if r.Status == "" || r.Status == collectors.StatusUnknown && r.Check != "kubelet-config" {
 				b.Fatalf("%s: %s %s: %s", r.Check, r.Status, r.Reason, r.Message)

@@ -32,7 +32,6 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -285,7 +284,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, buil
 	}
 	defer closeChecks()
 
-	results := runOnce(ctx, checks, checkRunTimeout)
+	results := agent.RunOnce(ctx, checks, checkRunTimeout, log)
 	if err := printResults(stdout, cfg.Output, results); err != nil {
 		fmt.Fprintf(stderr, "error: write output: %v\n", err)
 		return exitFailed
@@ -311,34 +310,6 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, buil
 		return exitFailed
 	}
 	return exitOK
-}
-
-// runOnce runs every check concurrently and returns the results in the checks' order. A check
-// that overruns the timeout is reported Unknown/CheckTimeout.
-func runOnce(ctx context.Context, checks []agent.Checker, timeout time.Duration) []collectors.Result {
-	results := make([]collectors.Result, len(checks))
-	var wg sync.WaitGroup
-	for i, c := range checks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			ch := make(chan collectors.Result, 1)
-			go func() { ch <- c.Check(cctx) }()
-			select {
-			case results[i] = <-ch:
-			case <-cctx.Done():
-				results[i] = collectors.Result{Check: c.Name(), Status: collectors.StatusUnknown, Reason: "CheckTimeout",
-					Message: fmt.Sprintf("check did not return within %s", timeout), Err: cctx.Err()}
-			}
-			if results[i].Check == "" {
-				results[i].Check = c.Name()
-			}
-		}()
-	}
-	wg.Wait()
-	return results
 }
 
 // printResults writes the results as an aligned table or a JSON array.

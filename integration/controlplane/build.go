@@ -120,32 +120,52 @@ var (
 
 // FindOrBuild returns the control-plane binaries: from $NODEVIGIL_CONTROL_PLANE_ASSETS or
 // $KUBEBUILDER_ASSETS when they hold the right versions, else from the cache, else built from
-// the Go module proxy at the pinned versions. Only what is missing is built. Concurrent callers
-// (parallel test packages) serialise on a lock file, and a binary is built to a temporary name
-// and renamed into place, so an interrupted build never leaves a broken binary in the cache.
+// the Go module proxy at the pinned versions. Only what is missing is built, with one `go build`
+// per throw-away module: kube-apiserver and kube-controller-manager share most of their packages,
+// so building them in one invocation loads the package graph once and links both in parallel.
+// Concurrent callers (parallel test packages) serialise on a lock file, and binaries are built
+// to a temporary name and renamed into place, so an interrupted build never leaves a broken
+// binary in the cache.
 func FindOrBuild(ctx context.Context, cfg BuildConfig) (Binaries, error) {
 	if err := cfg.defaults(); err != nil {
 		return Binaries{}, err
 	}
 	var out Binaries
-	for _, c := range []struct {
+	wanted := []struct {
 		comp component
 		dst  *string
 	}{
 		{etcdComponent, &out.Etcd},
 		{apiServerComponent, &out.APIServer},
 		{controllerManagerComponent, &out.ControllerManager},
-	} {
-		p, err := findOrBuildOne(ctx, cfg, c.comp)
-		if err != nil {
+	}
+	missing := map[string][]component{} // build module → components to build from it
+	var modules []string
+	for _, w := range wanted {
+		if p, ok := findExisting(ctx, cfg, w.comp); ok {
+			*w.dst = p
+			continue
+		}
+		if missing[w.comp.module] == nil {
+			modules = append(modules, w.comp.module)
+		}
+		missing[w.comp.module] = append(missing[w.comp.module], w.comp)
+	}
+	for _, m := range modules {
+		if err := buildCached(ctx, cfg, missing[m]); err != nil {
 			return Binaries{}, err
 		}
-		*c.dst = p
+	}
+	for _, w := range wanted {
+		if *w.dst == "" {
+			*w.dst = cachedPath(cfg, w.comp)
+		}
 	}
 	return out, nil
 }
 
-func findOrBuildOne(ctx context.Context, cfg BuildConfig, c component) (string, error) {
+// findExisting looks for a component in the asset directories, then in the cache.
+func findExisting(ctx context.Context, cfg BuildConfig, c component) (string, bool) {
 	for _, env := range []string{AssetsEnv, KubebuilderAssetsEnv} {
 		dir := os.Getenv(env)
 		if dir == "" {
@@ -156,48 +176,80 @@ func findOrBuildOne(ctx context.Context, cfg BuildConfig, c component) (string, 
 			continue
 		}
 		if ok, got := hasVersion(ctx, p, c.versionRE); ok {
-			return p, nil
+			return p, true
 		} else {
 			fmt.Fprintf(cfg.Progress, "controlplane: ignoring %s from $%s: version %q does not match %s\n", p, env, got, c.version)
 		}
 	}
-
-	dir := filepath.Join(cfg.CacheDir, c.cacheSubdir)
-	bin := filepath.Join(dir, c.name)
-	if isExecutable(bin) {
-		return bin, nil
+	if bin := cachedPath(cfg, c); isExecutable(bin) {
+		return bin, true
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("create cache dir: %w", err)
+	return "", false
+}
+
+func cachedPath(cfg BuildConfig, c component) string {
+	return filepath.Join(cfg.CacheDir, c.cacheSubdir, c.name)
+}
+
+// buildCached builds comps (all from one build module, with the same ldflags) into the cache
+// under the build lock, skipping those another process built while this one waited.
+func buildCached(ctx context.Context, cfg BuildConfig, comps []component) error {
+	if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
+		return fmt.Errorf("create cache dir: %w", err)
 	}
 	unlock, err := lockFile(ctx, filepath.Join(cfg.CacheDir, ".build.lock"))
 	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	if isExecutable(bin) { // built by another process while we waited for the lock
-		return bin, nil
-	}
-	if err := build(ctx, cfg, c, bin); err != nil {
-		return "", err
-	}
-	return bin, nil
-}
-
-func build(ctx context.Context, cfg BuildConfig, c component, dst string) error {
-	src := filepath.Join(cfg.CacheDir, "src", c.module+"-"+c.version)
-	if err := writeBuildModule(c.module, src); err != nil {
 		return err
 	}
-	fmt.Fprintf(cfg.Progress, "controlplane: building %s %s from the Go module proxy (cold builds take minutes; cached in %s)\n", c.name, c.version, filepath.Dir(dst))
-	start := time.Now()
-	tmp := fmt.Sprintf("%s.tmp-%d", dst, os.Getpid())
-	defer os.Remove(tmp)
-	args := []string{"build", "-o", tmp}
-	if c.ldflags != "" {
-		args = append(args, "-ldflags", c.ldflags)
+	defer unlock()
+	var todo []component
+	for _, c := range comps {
+		if !isExecutable(cachedPath(cfg, c)) {
+			todo = append(todo, c)
+		}
 	}
-	args = append(args, c.pkg)
+	if len(todo) == 0 {
+		return nil
+	}
+	return build(ctx, cfg, todo)
+}
+
+// build runs one `go build` for comps in their throw-away module and renames each binary into
+// the cache only once all of them built.
+func build(ctx context.Context, cfg BuildConfig, comps []component) error {
+	first := comps[0]
+	names := make([]string, len(comps))
+	pkgs := make([]string, len(comps))
+	for i, c := range comps {
+		names[i], pkgs[i] = c.name, c.pkg
+	}
+	what := strings.Join(names, " and ")
+	src := filepath.Join(cfg.CacheDir, "src", first.module+"-"+first.version)
+	if err := writeBuildModule(first.module, src); err != nil {
+		return err
+	}
+	dir := filepath.Join(cfg.CacheDir, first.cacheSubdir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create cache dir: %w", err)
+	}
+	fmt.Fprintf(cfg.Progress, "controlplane: building %s %s from the Go module proxy (cold builds take minutes; cached in %s)\n", what, first.version, dir)
+	start := time.Now()
+	// One package builds to a file; several build into a directory, each binary named after
+	// its package (kube-apiserver, kube-controller-manager).
+	tmp := filepath.Join(dir, fmt.Sprintf(".tmp-%d", os.Getpid()))
+	defer os.RemoveAll(tmp)
+	out := filepath.Join(tmp, first.name)
+	if len(comps) > 1 {
+		out = tmp + string(filepath.Separator)
+	}
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return fmt.Errorf("create build dir: %w", err)
+	}
+	args := []string{"build", "-o", out}
+	if first.ldflags != "" {
+		args = append(args, "-ldflags", first.ldflags)
+	}
+	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, cfg.GoBin, args...)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
@@ -213,19 +265,26 @@ func build(ctx context.Context, cfg BuildConfig, c component, dst string) error 
 			case <-done:
 				return
 			case <-t.C:
-				fmt.Fprintf(cfg.Progress, "controlplane: still building %s (%s)\n", c.name, time.Since(start).Round(time.Second))
+				fmt.Fprintf(cfg.Progress, "controlplane: still building %s (%s)\n", what, time.Since(start).Round(time.Second))
 			}
 		}
 	}()
 	err := cmd.Run()
 	close(done)
 	if err != nil {
-		return fmt.Errorf("build %s %s: %w: %s", c.name, c.version, err, tail(stderr.String(), 20))
+		return fmt.Errorf("build %s %s: %w: %s", what, first.version, err, tail(stderr.String(), 20))
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return fmt.Errorf("install %s into cache: %w", c.name, err)
+	for _, c := range comps {
+		if !isExecutable(filepath.Join(tmp, c.name)) {
+			return fmt.Errorf("build %s %s: go build wrote no %s", what, first.version, c.name)
+		}
 	}
-	fmt.Fprintf(cfg.Progress, "controlplane: built %s in %s\n", c.name, time.Since(start).Round(time.Second))
+	for _, c := range comps {
+		if err := os.Rename(filepath.Join(tmp, c.name), cachedPath(cfg, c)); err != nil {
+			return fmt.Errorf("install %s into cache: %w", c.name, err)
+		}
+	}
+	fmt.Fprintf(cfg.Progress, "controlplane: built %s in %s\n", what, time.Since(start).Round(time.Second))
 	return nil
 }
 

@@ -104,8 +104,70 @@ func TestBuildFailureLeavesNoBinaryInCache(t *testing.T) {
 	if isExecutable(filepath.Join(cache, etcdComponent.cacheSubdir, "etcd")) {
 		t.Fatal("a failed build left a binary in the cache")
 	}
-	leftovers, _ := filepath.Glob(filepath.Join(cache, etcdComponent.cacheSubdir, "etcd.tmp-*"))
+	leftovers, _ := filepath.Glob(filepath.Join(cache, etcdComponent.cacheSubdir, ".tmp-*"))
 	if len(leftovers) != 0 {
 		t.Fatalf("temporary build output left behind: %v", leftovers)
+	}
+}
+
+// A cold cache builds kube-apiserver and kube-controller-manager in one go build (their shared
+// packages load once and the two links run in parallel) and etcd in another; a warm one builds
+// nothing.
+func TestBuildGroupsComponentsByModule(t *testing.T) {
+	cache := t.TempDir()
+	calls := filepath.Join(t.TempDir(), "calls")
+	// A "go" that logs its arguments and writes, for each package, an executable named after
+	// the package's last path element: into the -o directory when it ends in a slash.
+	goBin := filepath.Join(t.TempDir(), "go")
+	script := `#!/bin/sh
+echo "$@" >> ` + calls + `
+out=""; pkgs=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out="$2"; shift 2 ;;
+    -ldflags) shift 2 ;;
+    build) shift ;;
+    *) pkgs="$pkgs $1"; shift ;;
+  esac
+done
+for p in $pkgs; do
+  case "$out" in
+    */) f="$out$(basename "$p")" ;;
+    *) f="$out" ;;
+  esac
+  printf '#!/bin/sh\necho built\n' > "$f"; chmod +x "$f"
+done
+`
+	if err := os.WriteFile(goBin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(AssetsEnv, "")
+	t.Setenv(KubebuilderAssetsEnv, "")
+	cfg := BuildConfig{CacheDir: cache, Progress: &bytes.Buffer{}, GoBin: goBin}
+	bins, err := FindOrBuild(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("FindOrBuild: %v", err)
+	}
+	for _, p := range []string{bins.Etcd, bins.APIServer, bins.ControllerManager} {
+		if !isExecutable(p) || !strings.HasPrefix(p, cache) {
+			t.Errorf("%s is not an executable in the cache", p)
+		}
+	}
+	data, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 go build invocations (etcd; apiserver+controller-manager), got %d:\n%s", len(lines), data)
+	}
+	if !strings.Contains(lines[1], apiServerComponent.pkg) || !strings.Contains(lines[1], controllerManagerComponent.pkg) {
+		t.Errorf("kube-apiserver and kube-controller-manager should build in one invocation, got %q", lines[1])
+	}
+	if _, err := FindOrBuild(context.Background(), cfg); err != nil {
+		t.Fatalf("warm FindOrBuild: %v", err)
+	}
+	if again, _ := os.ReadFile(calls); len(again) != len(data) {
+		t.Errorf("a warm cache must build nothing; go was called again:\n%s", again)
 	}
 }

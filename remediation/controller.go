@@ -16,7 +16,9 @@
 // Safety rails (design brief §4), all applied before a node is marked and again before its
 // instance is terminated: the pool's maxUnhealthy, the pool's maxInFlight (at marking), zone
 // and cluster pauses when too many nodes are silent, and a global token bucket on terminations.
-// A new leader observes for one agent Lease duration before it judges anything stale. Dry-run
+// Lease staleness is judged from when this replica saw each Lease change, by its own clock, never
+// from the renewTime a node's clock wrote (observe.go); a new leader starts observing from zero
+// and judges nothing stale before one agent Lease duration plus grace. Dry-run
 // decides, counts and records "would terminate" (an Event, a metric, a log line and the
 // nodevigil.io/dry-run-decision annotation) and changes nothing else.
 //
@@ -112,7 +114,8 @@ type Config struct {
 	// Workers is how many nodes are reconciled concurrently. Default 4.
 	Workers int
 	// ObservePeriod is how long a new leader watches before judging anything stale. Default
-	// the agent Lease duration.
+	// the agent Lease duration plus its grace (decide.StaleAfter): the moment a Lease this
+	// leader saw at its start and never again would go stale.
 	ObservePeriod time.Duration
 	// TerminationConfirmDelay is how long after a termination request EC2's NotFound is taken
 	// as proof the instance is gone (NotFound earlier may be eventual consistency). Default 2m.
@@ -183,6 +186,11 @@ type Controller struct {
 	leading        atomic.Bool
 	observingSince atomic.Int64 // UnixNano; 0 before leading
 
+	// kubeletObs and agentObs keep when each Lease was last seen changing (observe.go).
+	kubeletObs, agentObs *leaseObserver
+	syncedAt             atomic.Int64 // UnixNano when the informers synced; 0 before
+	agentsMissingLogged  atomic.Bool
+
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
 
@@ -237,7 +245,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, fmt.Errorf("remediation: leader election lease duration %s must be longer than the renew deadline %s", le.LeaseDuration, le.RenewDeadline)
 	}
 	setDefault(&cfg.ResyncPeriod, DefaultResyncPeriod)
-	setDefault(&cfg.ObservePeriod, cfg.Remediator.AgentLeaseDuration)
+	setDefault(&cfg.ObservePeriod, decide.StaleAfter(cfg.Remediator.AgentLeaseDuration))
 	setDefault(&cfg.TerminationConfirmDelay, DefaultTerminationConfirmDelay)
 	setDefault(&cfg.ConfirmPollInterval, DefaultConfirmPollInterval)
 	setDefault(&cfg.BlockedRequeue, DefaultBlockedRequeue)
@@ -277,6 +285,11 @@ func New(cfg Config) (*Controller, error) {
 		memory:       map[string]*nodeMemory{},
 		reservations: map[string]reservation{},
 		leHealth:     leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
+		kubeletObs:   newLeaseObserver(),
+		agentObs:     newLeaseObserver(),
+	}
+	if err := c.registerObserveMetrics(); err != nil {
+		return nil, err
 	}
 	c.recorder = cfg.Recorder
 	if c.recorder == nil {
@@ -312,14 +325,17 @@ func New(cfg Config) (*Controller, error) {
 			UpdateFunc: func(_, obj any) { c.enqueueObject(obj) },
 			DeleteFunc: c.nodeDeleted,
 		}},
-		{kubeletInf.Informer(), c.leaseHandler()},
-		{agentInf.Informer(), c.leaseHandler()},
+		{kubeletInf.Informer(), c.leaseHandler(c.kubeletObs, decide.DefaultKubeletLeaseDuration)},
+		{agentInf.Informer(), c.leaseHandler(c.agentObs, cfg.Remediator.AgentLeaseDuration)},
 	}
 	for _, r := range regs {
-		if _, err := r.inf.AddEventHandler(r.h); err != nil {
+		reg, err := r.inf.AddEventHandler(r.h)
+		if err != nil {
 			return nil, fmt.Errorf("remediation: add event handler: %w", err)
 		}
-		c.synced = append(c.synced, r.inf.HasSynced)
+		// Synced once the handler, not only the cache, has seen the initial list: the Lease
+		// observers must know every Lease before anything is judged.
+		c.synced = append(c.synced, reg.HasSynced)
 	}
 	return c, nil
 }
@@ -368,7 +384,9 @@ func (c *Controller) Ready() bool {
 }
 
 // Handler serves /healthz (the process is alive and, when leading, renewing its Lease),
-// /readyz (informers synced) and /metrics.
+// /readyz (informers synced) and /metrics. /readyz stays 200 when no agent Lease exists for any
+// node (restarting or unlisting the remediator would not fix that) but adds a warning line to
+// its body, as the nodevigil_remediator_agents_missing gauge and an error log do.
 func (c *Controller) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -384,6 +402,9 @@ func (c *Controller) Handler() http.Handler {
 			return
 		}
 		fmt.Fprintln(w, "ok")
+		for _, l := range c.readyzDetail() {
+			fmt.Fprintln(w, l)
+		}
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{Registry: c.registry}))
 	return mux
@@ -424,7 +445,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return errors.New("remediation: informers did not sync")
 	}
-	c.log.Info("informers synced", "dry_run", c.rc.DryRun, "policies", len(c.rc.Policies))
+	c.syncedAt.Store(c.clock.Now().UnixNano())
+	c.log.Info("informers synced", "dry_run", c.rc.DryRun, "policies", len(c.rc.Policies), "agent_leases", c.agentObs.size(), "kubelet_leases", c.kubeletObs.size())
+	if c.agentObs.size() == 0 {
+		c.log.Warn("no agent leases seen yet", "agent_namespace", c.rc.AgentNamespace, "label", LabelAgentNode,
+			"message", "no node is remediated on the kubelet alone unless its policy says liveness: SingleSignal; if this lasts past the startup grace, check the agent DaemonSet and agentNamespace")
+	}
 	// The initial lists are the largest allocation of the process's life (every Node decoded
 	// before the transform strips it); hand that memory back now rather than minutes later.
 	debug.FreeOSMemory()
@@ -521,6 +547,7 @@ func (c *Controller) lead(ctx context.Context) {
 		defer t.Stop()
 		for {
 			c.refreshCensus(c.clock.Now())
+			c.checkAgents(c.clock.Now())
 			select {
 			case <-ctx.Done():
 				return
@@ -574,17 +601,25 @@ func (c *Controller) nodeDeleted(obj any) {
 		return
 	}
 	c.forget(n.GetName())
+	c.kubeletObs.forget(n.GetName())
+	c.agentObs.forget(n.GetName())
 	c.queue.Add(n.GetName())
 }
 
-// leaseHandler enqueues the node of a Lease event. Lease renewals are the bulk of all events
-// (two per node every 10 s); a renewal of a Lease that was fresh changes no decision, since the
-// node is already requeued for the moment that Lease would expire. So an update is enqueued
-// only when it can matter: the old Lease had expired (a node coming back), the node is being
-// watched for a problem, or it is a periodic resync.
-func (c *Controller) leaseHandler() cache.ResourceEventHandler {
+// leaseHandler records every change of a Lease in obs, by the controller's clock, and enqueues
+// the node when it can matter. Lease renewals are the bulk of all events (two per node every
+// 10 s); a renewal of a Lease that was fresh changes no decision, since the node is already
+// requeued for the moment that Lease would go stale. So an update is enqueued only when the
+// Lease had gone stale before this change (a node coming back), the node is being watched for a
+// problem, or it is a periodic resync.
+func (c *Controller) leaseHandler(obs *leaseObserver, fallback time.Duration) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc: c.enqueueObject,
+		AddFunc: func(obj any) {
+			if l, ok := obj.(*coordinationv1.Lease); ok {
+				obs.observe(l, c.clock.Now())
+			}
+			c.enqueueObject(obj)
+		},
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*coordinationv1.Lease)
 			n, ok2 := newObj.(*coordinationv1.Lease)
@@ -592,7 +627,10 @@ func (c *Controller) leaseHandler() cache.ResourceEventHandler {
 				c.enqueueObject(newObj)
 				return
 			}
-			if o.ResourceVersion == n.ResourceVersion || leaseExpired(o, c.clock.Now()) || c.watched(n.Name) {
+			now := c.clock.Now()
+			changed, prev := obs.observe(n, now)
+			wasStale := changed && (prev.IsZero() || !now.Before(prev.Add(decide.StaleAfter(leaseDuration(n, fallback)))))
+			if o.ResourceVersion == n.ResourceVersion || wasStale || c.watched(n.Name) {
 				c.queue.Add(n.Name)
 			}
 		},
@@ -600,16 +638,12 @@ func (c *Controller) leaseHandler() cache.ResourceEventHandler {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
+			if l, ok := obj.(metav1.Object); ok {
+				obs.forget(l.GetName())
+			}
 			c.enqueueObject(obj)
 		},
 	}
-}
-
-func leaseExpired(l *coordinationv1.Lease, now time.Time) bool {
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return true
-	}
-	return !now.Before(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
 }
 
 // watched reports whether the node's last decision was anything but plain healthy.
@@ -646,12 +680,15 @@ func (c *Controller) input(node *corev1.Node, p *config.Policy, now time.Time) d
 		ObservingSince:     c.observingSinceTime(),
 		ObservePeriod:      c.observe,
 		AgentLeaseDuration: c.rc.AgentLeaseDuration,
+		NoAgents:           c.agentObs.size() == 0,
 	}
 	if l, err := c.kubeletLeases.Get(node.Name); err == nil {
 		in.KubeletLease = l
+		in.KubeletObserved = c.kubeletObs.lastChange(node.Name)
 	}
 	if l, err := c.agentLeases.Get(node.Name); err == nil {
 		in.AgentLease = l
+		in.AgentObserved = c.agentObs.lastChange(node.Name)
 	}
 	return in
 }
@@ -670,6 +707,11 @@ func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, 
 	p := c.rc.PolicyFor(node.Labels)
 	d := decide.Decide(c.input(node, p, now))
 	c.report(node, p, d, now)
+	if d.RecordFirstReady && c.leading.Load() {
+		if err := c.recordFirstReady(ctx, node, now); err != nil {
+			return 0, err
+		}
+	}
 
 	switch d.Action {
 	case decide.ActionRemediate:

@@ -56,7 +56,7 @@ func TestNewValidates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New(dry-run, no cloud): %v", err)
 	}
-	if c.cfg.Workers != DefaultWorkers || c.observe != config.DefaultAgentLeaseDuration || c.Identity() == "" || !c.rc.DryRun {
+	if c.cfg.Workers != DefaultWorkers || c.observe != decide.StaleAfter(config.DefaultAgentLeaseDuration) || c.Identity() == "" || !c.rc.DryRun {
 		t.Errorf("defaults not filled: workers %d, observe %s, identity %q, dry-run %v", c.cfg.Workers, c.observe, c.Identity(), c.rc.DryRun)
 	}
 }

@@ -242,7 +242,10 @@ func (h *harness) add(objs ...runtime.Object) {
 		case *corev1.Node:
 			_, err = h.client.CoreV1().Nodes().Create(h.ctx, x, metav1.CreateOptions{})
 		case *coordinationv1.Lease:
-			_, err = h.client.CoordinationV1().Leases(x.Namespace).Create(h.ctx, x, metav1.CreateOptions{})
+			var l *coordinationv1.Lease
+			if l, err = h.client.CoordinationV1().Leases(x.Namespace).Create(h.ctx, x, metav1.CreateOptions{}); err == nil {
+				h.seenRenewing(l)
+			}
 		case *corev1.Pod:
 			_, err = h.client.CoreV1().Pods(x.Namespace).Create(h.ctx, x, metav1.CreateOptions{})
 		default:
@@ -254,7 +257,7 @@ func (h *harness) add(objs ...runtime.Object) {
 	}
 }
 
-// renew sets a Lease's renewTime.
+// renew sets a Lease's renewTime; the controller is made to have seen the renewal at that time.
 func (h *harness) renew(ns, name string, at time.Time) {
 	h.t.Helper()
 	l, err := h.client.CoordinationV1().Leases(ns).Get(h.ctx, name, metav1.GetOptions{})
@@ -262,9 +265,11 @@ func (h *harness) renew(ns, name string, at time.Time) {
 		h.t.Fatalf("get lease: %v", err)
 	}
 	l.Spec.RenewTime = &metav1.MicroTime{Time: at}
-	if _, err := h.client.CoordinationV1().Leases(ns).Update(h.ctx, l, metav1.UpdateOptions{}); err != nil {
+	l, err = h.client.CoordinationV1().Leases(ns).Update(h.ctx, l, metav1.UpdateOptions{})
+	if err != nil {
 		h.t.Fatalf("update lease: %v", err)
 	}
+	h.seenRenewing(l)
 }
 
 // synced waits until the informer caches show what the clientset holds for name.
@@ -423,7 +428,7 @@ func newNode(name string, opts ...nodeOpt) *corev1.Node {
 			UID:               types.UID("uid-" + name),
 			CreationTimestamp: metav1.NewTime(t0.Add(-24 * time.Hour)),
 			Labels:            map[string]string{corev1.LabelTopologyZone: "us-east-1a"},
-			Annotations:       map[string]string{},
+			Annotations:       map[string]string{decide.AnnotationFirstReady: ts(t0.Add(-23 * time.Hour))},
 		},
 		Spec: corev1.NodeSpec{ProviderID: "aws:///us-east-1a/" + id},
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{

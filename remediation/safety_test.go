@@ -262,8 +262,9 @@ func TestDetectionLatencyObserved(t *testing.T) {
 	if _, err := h.sync(n.Name); err != nil {
 		t.Fatal(err)
 	}
-	// The kubelet Lease renewed at t0 expires at t0+40s; the requeue lands exactly there.
-	h.clock.Step(40*time.Second + 500*time.Millisecond)
+	// The kubelet Lease seen renewing at t0 is stale at t0+50s (40s + grace); the requeue lands
+	// exactly there.
+	h.clock.Step(decide.StaleAfter(40*time.Second) + 500*time.Millisecond)
 	h.renew(h.c.rc.AgentNamespace, "n", h.clock.Now())
 	if _, err := h.sync(n.Name); err != nil {
 		t.Fatal(err)

@@ -174,6 +174,20 @@ type simNode struct {
 	mu         sync.Mutex
 	kubeletOn  bool
 	agentOn    bool
+	skew       time.Duration // added to the renewTime the node's "clock" writes
+}
+
+// setSkew sets the node's clock offset: its Leases claim renewal times off by d.
+func (n *simNode) setSkew(d time.Duration) {
+	n.mu.Lock()
+	n.skew = d
+	n.mu.Unlock()
+}
+
+func (n *simNode) clock() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return time.Now().Add(n.skew)
 }
 
 func (n *simNode) set(kubelet, agent bool) {
@@ -194,8 +208,8 @@ var nodeSeq struct {
 }
 
 // addNode creates a Node in the pool (zone us-east-1a), its EC2 instance, and starts its
-// simulated kubelet and agent.
-func (e *env) addNode(zone string) *simNode {
+// simulated kubelet and agent; opts adjust the simulated node before anything renews.
+func (e *env) addNode(zone string, opts ...func(*simNode)) *simNode {
 	e.t.Helper()
 	ctx := e.t.Context()
 	nodeSeq.Lock()
@@ -204,6 +218,9 @@ func (e *env) addNode(zone string) *simNode {
 	nodeSeq.Unlock()
 	id := fmt.Sprintf("i-%017x", time.Now().UnixNano()&0xffffffffffff<<8|int64(seq&0xff))
 	n := &simNode{name: fmt.Sprintf("%s-n%d", e.pool, seq), instanceID: id, kubeletOn: true, agentOn: true}
+	for _, o := range opts {
+		o(n)
+	}
 	if err := e.emu.AddInstance(ec2emu.Instance{ID: id, Zone: zone, Tags: map[string]string{clusterTag: "owned"}}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -248,7 +265,7 @@ func (e *env) renew(ctx context.Context, n *simNode, ns string, owner []metav1.O
 	defer t.Stop()
 	for {
 		if on() {
-			now := metav1.NewMicroTime(time.Now())
+			now := metav1.NewMicroTime(n.clock())
 			l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
 			switch {
 			case apierrors.IsNotFound(err):

@@ -93,6 +93,22 @@ const (
 	OnTimeoutWait OnTimeout = "Wait"
 )
 
+// Liveness says which heartbeats a policy needs before it may remediate.
+type Liveness string
+
+const (
+	// LivenessTwoSignal (the default) remediates only on corroborated evidence: the agent's
+	// Lease and the kubelet's Lease/Ready together. A node whose agent was never seen is never
+	// remediated on the kubelet's word alone (only its startup deadline applies), and when no
+	// agent Lease exists for any node the remediator reports a misconfiguration and remediates
+	// nothing.
+	LivenessTwoSignal Liveness = "TwoSignal"
+	// LivenessSingleSignal also remediates nodes whose agent was never seen, on the kubelet's
+	// signal alone, after tolerations.singleSignal (default 30m). It is for clusters that run
+	// the remediator without agents on some pools, chosen explicitly.
+	LivenessSingleSignal Liveness = "SingleSignal"
+)
+
 // DefaultPolicyName names the built-in policy applied to nodes that match no configured policy.
 const DefaultPolicyName = "default"
 
@@ -110,6 +126,12 @@ const (
 	DefaultRatePerMinute      = 6.0
 	DefaultRateBurst          = 3
 	DefaultOnTimeout          = OnTimeoutProceed
+	// DefaultSingleSignal is the kubelet-only toleration of liveness: SingleSignal, the
+	// 30-minute class that single-signal repairers need because one heartbeat cannot tell a
+	// dead machine from a partitioned or restarting one.
+	DefaultSingleSignal = 30 * time.Minute
+	// MinSingleSignal is the shortest single-signal toleration accepted.
+	MinSingleSignal = 10 * time.Minute
 	// DefaultStartupTaint is the readiness taint the agent removes once the node is really
 	// ready; still carrying it at the startup deadline means the node never became ready.
 	DefaultStartupTaint = "readiness.k8s.io/nodevigil-agent-not-ready"
@@ -160,6 +182,8 @@ type PolicySpec struct {
 	NodeSelector string `json:"nodeSelector"`
 	// Action is Terminate (default), CordonOnly or None.
 	Action Action `json:"action,omitempty"`
+	// Liveness is TwoSignal (default) or SingleSignal; see LivenessSingleSignal.
+	Liveness Liveness `json:"liveness,omitempty"`
 	// Tolerations say how long each kind of ill health is tolerated.
 	Tolerations *TolerationsSpec `json:"tolerations,omitempty"`
 	// StartupGrace protects a new node from every remediation but the startup deadline, so a
@@ -185,13 +209,17 @@ type TolerationsSpec struct {
 	// SilentNode runs from the moment both the agent's and the kubelet's Leases have expired.
 	// Default 3m: two independent heartbeats corroborate each other.
 	SilentNode *metav1.Duration `json:"silentNode,omitempty"`
-	// KubeletUnhealthy runs while the agent is alive but the kubelet is not (its Lease expired
-	// or the agent reports KubeletHealthy=False); the agent repairs locally meanwhile.
-	// Default 5m.
+	// KubeletUnhealthy runs while the agent is alive but the kubelet is not: its Lease is
+	// stale as observed by the remediator, or Ready is False after the node first became
+	// ready. The agent's own KubeletHealthy condition never starts it. Default 5m.
 	KubeletUnhealthy *metav1.Duration `json:"kubeletUnhealthy,omitempty"`
+	// SingleSignal runs, under liveness: SingleSignal only, while a node whose agent was never
+	// seen has a stale kubelet (or Ready not True) after it first became ready. Default 30m,
+	// at least 10m.
+	SingleSignal *metav1.Duration `json:"singleSignal,omitempty"`
 	// Conditions maps positive-polarity Node condition types (NetworkingReady, MemoryHealthy,
-	// Ready, …) to how long they may be False, measured from their LastTransitionTime.
-	// Default none.
+	// KubeletHealthy, …) to how long they may be False while the agent is alive, measured from
+	// their LastTransitionTime. An agent condition counts only when listed here. Default none.
 	Conditions map[string]metav1.Duration `json:"conditions,omitempty"`
 }
 
@@ -234,6 +262,7 @@ type Policy struct {
 	// Selector is NodeSelector parsed.
 	Selector        labels.Selector
 	Action          Action
+	Liveness        Liveness
 	Tolerations     Tolerations
 	StartupGrace    time.Duration
 	StartupDeadline time.Duration
@@ -248,6 +277,8 @@ type Policy struct {
 type Tolerations struct {
 	SilentNode       time.Duration
 	KubeletUnhealthy time.Duration
+	// SingleSignal is used only when the policy's Liveness is SingleSignal.
+	SingleSignal time.Duration
 	// Conditions maps a positive-polarity Node condition type to how long it may be False.
 	Conditions map[string]time.Duration
 }

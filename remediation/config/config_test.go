@@ -36,7 +36,10 @@ func TestDefault(t *testing.T) {
 		p.MaxInFlight != want.MaxInFlight || p.Drain != want.Drain {
 		t.Errorf("default policy = %+v, want %+v", p, want)
 	}
-	if p.Tolerations.SilentNode != 3*time.Minute || p.Tolerations.KubeletUnhealthy != 5*time.Minute || len(p.Tolerations.Conditions) != 0 {
+	if p.Liveness != LivenessTwoSignal {
+		t.Errorf("default liveness = %q, want TwoSignal: single-signal remediation must be chosen", p.Liveness)
+	}
+	if p.Tolerations.SilentNode != 3*time.Minute || p.Tolerations.KubeletUnhealthy != 5*time.Minute || p.Tolerations.SingleSignal != 30*time.Minute || len(p.Tolerations.Conditions) != 0 {
 		t.Errorf("default tolerations = %+v", p.Tolerations)
 	}
 	if p.MaxUnhealthy.String() != "20%" {
@@ -91,6 +94,38 @@ func TestLoadFull(t *testing.T) {
 		if got := c.PolicyFor(tt.labels).Name; got != tt.want {
 			t.Errorf("PolicyFor(%v) = %s, want %s", tt.labels, got, tt.want)
 		}
+	}
+}
+
+func TestLivenessSingleSignal(t *testing.T) {
+	const head = "apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\npolicies:\n- name: a\n  nodeSelector: x=y\n  liveness: SingleSignal\n"
+	tests := []struct {
+		name, extra string
+		want        time.Duration
+	}{
+		{"default toleration", "", DefaultSingleSignal},
+		{"explicit toleration", "  tolerations: {singleSignal: 45m}\n", 45 * time.Minute},
+		{"the minimum", "  tolerations: {singleSignal: 10m}\n", MinSingleSignal},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(head + tt.extra))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := c.Policies[0]
+			if p.Liveness != LivenessSingleSignal || p.Tolerations.SingleSignal != tt.want {
+				t.Errorf("liveness %q singleSignal %s, want SingleSignal %s", p.Liveness, p.Tolerations.SingleSignal, tt.want)
+			}
+		})
+	}
+	// An agent condition may have its own toleration: it is the agent's word alone, chosen.
+	c, err := Parse([]byte("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\npolicies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {conditions: {KubeletHealthy: 20m}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policies[0].Tolerations.Conditions["KubeletHealthy"] != 20*time.Minute {
+		t.Errorf("KubeletHealthy toleration = %v", c.Policies[0].Tolerations.Conditions)
 	}
 }
 
@@ -158,7 +193,9 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate name", head + "policies:\n- name: a\n  nodeSelector: x=y\n- name: a\n  nodeSelector: x=z\n", []string{`policies[1].name: "a" is already the name of policies[0]`}},
 		{"negative toleration", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {silentNode: -1m}\n", []string{"policies[0].tolerations.silentNode: -1m0s is negative"}},
 		{"negative polarity condition", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {conditions: {MemoryPressure: 1m}}\n", []string{"policies[0].tolerations.conditions.MemoryPressure: MemoryPressure has negative polarity"}},
-		{"kubelet condition", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {conditions: {KubeletHealthy: 1m}}\n", []string{"policies[0].tolerations.conditions.KubeletHealthy: the kubelet's health is tolerated by tolerations.kubeletUnhealthy"}},
+		{"bad liveness", head + "policies:\n- name: a\n  nodeSelector: x=y\n  liveness: Kubelet\n", []string{`policies[0].liveness: "Kubelet" is not a liveness mode; use TwoSignal`}},
+		{"single-signal toleration without single-signal liveness", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {singleSignal: 30m}\n", []string{"policies[0].tolerations.singleSignal: is only used with liveness: SingleSignal"}},
+		{"single-signal toleration too short", head + "policies:\n- name: a\n  nodeSelector: x=y\n  liveness: SingleSignal\n  tolerations: {singleSignal: 5m}\n", []string{"policies[0].tolerations.singleSignal: 5m0s is too short", "at least 10m0s"}},
 		{"deadline before grace", head + "policies:\n- name: a\n  nodeSelector: x=y\n  startupGrace: 30m\n", []string{"policies[0].startupDeadline: 20m0s is shorter than startupGrace 30m0s"}},
 		{"bad startup taint", head + "policies:\n- name: a\n  nodeSelector: x=y\n  startupTaints: [\"a:NoSchedule\"]\n", []string{`policies[0].startupTaints[0]: "a:NoSchedule" is not a taint key`}},
 		{"zero in flight", head + "policies:\n- name: a\n  nodeSelector: x=y\n  maxInFlight: 0\n", []string{"policies[0].maxInFlight: 0 must be at least 1"}},

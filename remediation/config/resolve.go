@@ -19,9 +19,6 @@ import (
 // acts on conditions that are False, so listing one of these would invert its meaning.
 var negativePolarity = []string{"MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"}
 
-// kubeletHealthyCondition is the agent's kubelet condition; its toleration has its own field.
-const kubeletHealthyCondition = "KubeletHealthy"
-
 // resolve validates doc and fills every default. Errors are collected, not returned at the
 // first, so a user fixes the file in one pass.
 func resolve(doc *RemediatorConfig) (*Config, error) {
@@ -109,9 +106,11 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		Name:         s.Name,
 		NodeSelector: s.NodeSelector,
 		Action:       ActionTerminate,
+		Liveness:     LivenessTwoSignal,
 		Tolerations: Tolerations{
 			SilentNode:       DefaultSilentNode,
 			KubeletUnhealthy: DefaultKubeletUnhealthy,
+			SingleSignal:     DefaultSingleSignal,
 			Conditions:       map[string]time.Duration{},
 		},
 		StartupGrace:    DefaultStartupGrace,
@@ -154,7 +153,25 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		fail(path+".action", "%q is not an action; use Terminate, CordonOnly or None", s.Action)
 	}
 
+	switch s.Liveness {
+	case "":
+	case LivenessTwoSignal, LivenessSingleSignal:
+		p.Liveness = s.Liveness
+	default:
+		fail(path+".liveness", "%q is not a liveness mode; use TwoSignal (default: agent and kubelet heartbeats together) or SingleSignal (also remediate nodes without an agent on the kubelet alone, after tolerations.singleSignal)", s.Liveness)
+	}
+
 	if t := s.Tolerations; t != nil {
+		if t.SingleSignal != nil {
+			switch d := t.SingleSignal.Duration; {
+			case p.Liveness != LivenessSingleSignal:
+				fail(path+".tolerations.singleSignal", "is only used with liveness: SingleSignal; remove it or set liveness: SingleSignal")
+			case d < MinSingleSignal:
+				fail(path+".tolerations.singleSignal", "%s is too short for remediating on one signal (a restarting or partitioned kubelet looks the same); use at least %s (default %s)", d, MinSingleSignal, DefaultSingleSignal)
+			default:
+				p.Tolerations.SingleSignal = d
+			}
+		}
 		if t.SilentNode != nil {
 			p.Tolerations.SilentNode = nonNegative(path+".tolerations.silentNode", t.SilentNode, fail)
 		}
@@ -172,8 +189,6 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 			switch {
 			case slices.Contains(negativePolarity, k):
 				fail(cpath, "%s has negative polarity (True means unhealthy); nodevigil acts on positive-polarity conditions that are False, such as NetworkingReady or MemoryHealthy", k)
-			case k == kubeletHealthyCondition:
-				fail(cpath, "the kubelet's health is tolerated by tolerations.kubeletUnhealthy; move the duration there")
 			default:
 				if msgs := validation.IsQualifiedName(k); len(msgs) > 0 {
 					fail(cpath, "%q is not a condition type: %s", k, strings.Join(msgs, "; "))

@@ -1,49 +1,70 @@
 // Package decide is the remediator's judgement, as one pure function: given a Node, its
-// kubelet's Lease, its agent's Lease, the policy that applies and the time, Decide says whether
-// to do nothing, wait, remediate or release the node, why, and when to look again.
+// kubelet's Lease, its agent's Lease, when the remediator last saw each of them change, the
+// policy that applies and the time, Decide says whether to do nothing, wait, remediate or
+// release the node, why, and when to look again.
 //
-// It implements the two-signal liveness model of the design brief (§3):
+// It implements the two-signal liveness model of the design brief (§3, §8):
 //
-//	agent Lease  kubelet Lease / Ready   verdict                   action
-//	fresh        fresh / True            Healthy                   none
-//	fresh        stale / Unknown         KubeletUnhealthy          remediate after tolerations.kubeletUnhealthy
-//	             (or agent reports KubeletHealthy=False)           (the agent repairs locally meanwhile)
-//	stale        fresh / True            AgentSilent               never remediate; event + metric
-//	stale        stale / Unknown         NodeSilent                remediate after tolerations.silentNode
-//	never seen   any                     StartupGrace/AgentNotSeen wait; only the startup deadline applies
-//	                                     StartupDeadlineExceeded   remediate, unless the node is serving
-//	fresh        agent condition False   ConditionUnhealthy        remediate after tolerations.conditions[type]
-//	fresh        startup taint kept      StartupDeadlineExceeded   remediate once the startup deadline passed
+//	agent Lease  kubelet Lease / Ready     verdict                   action
+//	fresh        fresh / True              Healthy                   none
+//	fresh        stale, or Ready=False     KubeletUnhealthy          remediate after tolerations.kubeletUnhealthy
+//	             after first ready                                   (the agent repairs locally meanwhile)
+//	stale        fresh / True              AgentSilent               never remediate; event + metric
+//	stale        stale / Unknown           NodeSilent                remediate after tolerations.silentNode
+//	never seen   any, before first ready   StartupGrace/AgentNotSeen wait; only the startup deadline applies
+//	                                       StartupDeadlineExceeded   remediate, unless the node is serving
+//	never seen   after first ready         AgentNeverSeen            never (one signal), unless liveness: SingleSignal:
+//	                                       KubeletUnhealthy          then after tolerations.singleSignal (30m class)
+//	none at all  any                       NoAgentLeases             never: a misconfiguration, reported loudly
+//	fresh        agent condition False     ConditionUnhealthy        remediate after tolerations.conditions[type]
+//	fresh        startup taint kept,       StartupDeadlineExceeded   remediate once the startup deadline passed
+//	             never ready
 //
-// A Lease is fresh while now is before renewTime + leaseDurationSeconds. The kubelet's signal
-// is its Lease when there is one; without a Lease, Ready=Unknown is the kubelet's silence.
+// Two signals, strictly: an agent condition alone — KubeletHealthy=False after a kubelet the
+// agent restarted successfully, say — never starts the kubelet toleration while the kubelet
+// Lease is fresh and Ready is True. Agent conditions count only through their own entry in
+// tolerations.conditions.
+//
+// Time is the observer's. A Lease's renewTime is written with the node's clock, which may be
+// minutes off, so it is never compared with the remediator's clock. A Lease is stale when the
+// remediator has not seen it change (Input.KubeletObserved, Input.AgentObserved: its own clock,
+// kept by the controller from the informer's events) for leaseDurationSeconds plus LeaseGrace,
+// measured from no earlier than ObservingSince: a new leader starts observing from zero and
+// judges no Lease stale before one duration and grace have passed under its own eyes. The
+// kubelet's signal is its Lease when there is one; without a Lease, Ready=Unknown (set by the
+// node lifecycle controller with the control plane's clock) is the kubelet's silence.
 //
 // Every toleration is measured from the earliest moment its evidence was corroborated and the
 // node is requeued for exactly the moment it expires:
-//   - NodeSilent runs from the later of the two Lease expiries: only from then on have both
-//     independent heartbeats been missing. Ready's LastTransitionTime is not used: the node
-//     lifecycle controller sets it 10 s after the kubelet Lease expires, adding nothing but delay.
-//   - KubeletUnhealthy runs from the earliest of the kubelet Lease expiry and the
-//     LastTransitionTime of the agent's KubeletHealthy=False: either is enough while the agent
-//     itself is alive, because the agent is on the machine and sees the kubelet directly.
+//   - NodeSilent runs from the later of the two moments the Leases went stale: only from then
+//     on have both independent heartbeats been missing.
+//   - KubeletUnhealthy runs from the kubelet Lease going stale, or from Ready turning False on
+//     a node that was ready before, whichever is earlier, while the agent itself is alive.
 //   - ConditionUnhealthy runs from the condition's LastTransitionTime. Only False counts:
 //     Unknown means the agent could not tell, which is never evidence of ill health. A
 //     condition with no LastTransitionTime cannot be measured and is ignored.
 //
+// The startup deadline is for nodes that never became ready. The controller records the first
+// moment it sees a node ready in the nodevigil.io/first-ready-at annotation (Decision
+// RecordFirstReady asks for it); after that a startup taint coming back is no startup failure:
+// the node is judged by its heartbeats, Ready and the agent conditions the policy names (the
+// agent re-adds its taint because one of its checks failed, and that check's condition carries
+// the time and the toleration), and the taint is only mentioned in the message.
+//
 // Gates applied after the verdict: the do-not-remediate annotation (never act); a policy whose
 // action is None (report only); the startup grace (no remediation of a node younger than
 // startupGrace, except for the startup deadline itself); and the leader's observe period (a new
-// leader judges nothing stale during its first ObservePeriod). A node already past the point of
-// no return (termination requested) is always driven to the end; a node earlier in the
-// pipeline whose verdict no longer calls for remediation is released.
+// leader judges nothing during its first ObservePeriod, which covers the verdicts that do not
+// rest on a Lease). A node already past the point of no return (termination requested) is
+// always driven to the end; a node earlier in the pipeline whose verdict no longer calls for
+// remediation is released.
 //
-// A node whose agent was never seen is booting: nothing applies until its startup deadline.
-// Past it, the node is replaced (StartupDeadlineExceeded) unless it is demonstrably serving —
-// Ready=True, a live kubelet and none of the policy's startup taints — in which case only the
-// agent is missing (AgentNeverSeen) and, as with AgentSilent, that alone never kills a node. So
-// installing nodevigil on a running cluster never condemns the nodes that predate it. Without
-// an agent the kubelet's signal stands alone, so it must have persisted for the kubelet-unhealthy
-// toleration as well.
+// A node whose agent was never seen and that never became ready is booting: nothing applies
+// until its startup deadline. Past it, the node is replaced (StartupDeadlineExceeded) unless it
+// is demonstrably serving — Ready=True, a live kubelet and none of the policy's startup taints —
+// in which case only the agent is missing (AgentNeverSeen) and, as with AgentSilent, that alone
+// never kills a node. So installing nodevigil on a running cluster never condemns the nodes
+// that predate it.
 package decide
 
 import (
@@ -92,6 +113,7 @@ const (
 	ReasonLeaderObserving         = "LeaderObserving"
 	ReasonTerminationInProgress   = "TerminationInProgress"
 	ReasonNodeGone                = "NodeGone"
+	ReasonNoAgentLeases           = "NoAgentLeases"
 )
 
 // Reasons lists every reason Decide can return, for pre-initialising metrics.
@@ -99,12 +121,22 @@ var Reasons = []string{
 	ReasonHealthy, ReasonKubeletUnhealthy, ReasonAgentSilent, ReasonNodeSilent, ReasonConditionUnhealthy,
 	ReasonStartupGrace, ReasonAgentNotSeen, ReasonAgentNeverSeen, ReasonStartupDeadlineExceeded,
 	ReasonDoNotRemediate, ReasonRemediationDisabled, ReasonLeaderObserving, ReasonTerminationInProgress,
-	ReasonNodeGone,
+	ReasonNodeGone, ReasonNoAgentLeases,
 }
 
 // DefaultKubeletLeaseDuration is the kubelet's Lease duration, used when a kubelet Lease does
 // not state its own.
 const DefaultKubeletLeaseDuration = 40 * time.Second
+
+// LeaseGrace is how long past its duration a Lease may go unseen before it is stale: a quarter
+// of the duration (10 s for the kubelet's 40 s, as kube-controller-manager's 50 s grace). It
+// absorbs the jitter of renewals and of watch delivery; the remediator's own observation time
+// already includes the delivery delay.
+func LeaseGrace(duration time.Duration) time.Duration { return duration / 4 }
+
+// StaleAfter is how long after its last observed change a Lease of the given duration is
+// stale.
+func StaleAfter(duration time.Duration) time.Duration { return duration + LeaseGrace(duration) }
 
 // Input is everything a decision depends on. Decide reads nothing else: no clock, no cache.
 type Input struct {
@@ -115,6 +147,15 @@ type Input struct {
 	KubeletLease *coordinationv1.Lease
 	// AgentLease is the node's nodevigil agent Lease, nil if the agent was never seen.
 	AgentLease *coordinationv1.Lease
+	// KubeletObserved and AgentObserved are when this remediator last saw the respective
+	// Lease change (its resourceVersion or renewTime), by its own clock; the first sight of a
+	// Lease counts as a change. Zero means not observed: the Lease is then judged from
+	// ObservingSince. Staleness is measured from these, never from renewTime.
+	KubeletObserved, AgentObserved time.Time
+	// NoAgents reports that no agent Lease exists for any node: the agents are missing or the
+	// remediator looks in the wrong place. Under liveness TwoSignal nothing is then remediated
+	// on the kubelet alone, not even the startup deadline (whose taint only an agent removes).
+	NoAgents bool
 	// Policy is the policy selected for the node; nil means the built-in default.
 	Policy *config.Policy
 	// Now is the decision time.
@@ -151,6 +192,10 @@ type Decision struct {
 	// Silent marks a node at least one of whose heartbeats (agent or kubelet) is stale; the
 	// zone and cluster pause thresholds count these.
 	Silent bool
+	// RecordFirstReady asks the controller to record, in AnnotationFirstReady, that the node
+	// is ready now and was never recorded so: from then on the startup deadline no longer
+	// applies to it.
+	RecordFirstReady bool
 }
 
 var defaultPolicy = func() *config.Policy {
@@ -200,6 +245,16 @@ func Decide(in Input) Decision {
 		return release(d)
 	}
 	if v.Action != ActionRemediate {
+		if until := presumedFresh(in); phase.Releasable() && !until.IsZero() {
+			// The node looks recovered only because this leader has not watched its Leases
+			// for a full duration yet: not seeing them change is no evidence either way, so
+			// neither release nor remediate until it is.
+			d := v
+			d.Action, d.Reason, d.RequeueAfter = ActionWait, ReasonLeaderObserving, until.Sub(now)
+			d.Message = fmt.Sprintf("leader observing since %s: a Lease of this node (state %s) has not been watched for its duration yet (until %s); then %s: %s",
+				ts(in.ObservingSince), phase, ts(until), v.Reason, v.Message)
+			return d
+		}
 		return release(v)
 	}
 
@@ -225,6 +280,35 @@ func Decide(in Input) Decision {
 	return v
 }
 
+// presumedFresh returns when the last Lease of the node that is fresh only by presumption — not
+// seen changing since this leader began observing, and not yet StaleAfter its duration past
+// that start — stops being so; zero if none is.
+func presumedFresh(in Input) time.Time {
+	if in.ObservingSince.IsZero() {
+		return time.Time{}
+	}
+	var until time.Time
+	check := func(l *coordinationv1.Lease, observed time.Time, fallback time.Duration) {
+		if l == nil || observed.After(in.ObservingSince) {
+			return
+		}
+		dur := fallback
+		if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
+			dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+		}
+		if end := in.ObservingSince.Add(StaleAfter(dur)); in.Now.Before(end) && end.After(until) {
+			until = end
+		}
+	}
+	agentDur := in.AgentLeaseDuration
+	if agentDur <= 0 {
+		agentDur = config.DefaultAgentLeaseDuration
+	}
+	check(in.KubeletLease, in.KubeletObserved, DefaultKubeletLeaseDuration)
+	check(in.AgentLease, in.AgentObserved, agentDur)
+	return until
+}
+
 // signal is one heartbeat's state at the decision time.
 type signal struct {
 	known bool      // there is any evidence about this heartbeat
@@ -233,31 +317,42 @@ type signal struct {
 	what  string    // human description for messages
 }
 
-func leaseSignal(l *coordinationv1.Lease, fallback time.Duration, now time.Time, who string) signal {
-	renew := l.CreationTimestamp.Time
-	switch {
-	case l.Spec.RenewTime != nil:
-		renew = l.Spec.RenewTime.Time
-	case l.Spec.AcquireTime != nil:
-		renew = l.Spec.AcquireTime.Time
-	}
+// FirstReady reports whether the node was recorded ready once (AnnotationFirstReady).
+func FirstReady(node *corev1.Node) bool { return node.Annotations[AnnotationFirstReady] != "" }
+
+// leaseSignal judges a Lease from when it was last observed changing: stale once StaleAfter
+// its duration has passed since then, or since ObservingSince if that is later. renewTime is
+// quoted in messages, never compared with now: it is the node's clock.
+func leaseSignal(l *coordinationv1.Lease, observed time.Time, fallback time.Duration, in Input, who string) signal {
 	dur := fallback
 	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
 		dur = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	}
-	exp := renew.Add(dur)
-	s := signal{known: true, stale: !now.Before(exp), at: exp}
+	base := later(observed, in.ObservingSince)
+	if base.IsZero() {
+		// Nothing was ever observed: the Lease can only be judged from now on.
+		base = in.Now
+	}
+	exp := base.Add(StaleAfter(dur))
+	claim := "none"
+	switch {
+	case l.Spec.RenewTime != nil:
+		claim = ts(l.Spec.RenewTime.Time)
+	case l.Spec.AcquireTime != nil:
+		claim = ts(l.Spec.AcquireTime.Time)
+	}
+	s := signal{known: true, stale: !in.Now.Before(exp), at: exp}
 	if s.stale {
-		s.what = fmt.Sprintf("%s lease expired at %s (renewed %s, duration %s)", who, ts(exp), ts(renew), dur)
+		s.what = fmt.Sprintf("%s lease stale since %s (not seen changing since %s; duration %s + grace %s; its renewTime claims %s)", who, ts(exp), ts(base), dur, LeaseGrace(dur), claim)
 	} else {
-		s.what = fmt.Sprintf("%s lease fresh until %s", who, ts(exp))
+		s.what = fmt.Sprintf("%s lease fresh until %s (seen changing %s)", who, ts(exp), ts(base))
 	}
 	return s
 }
 
 func kubeletSignal(in Input) signal {
 	if in.KubeletLease != nil {
-		return leaseSignal(in.KubeletLease, DefaultKubeletLeaseDuration, in.Now, "kubelet")
+		return leaseSignal(in.KubeletLease, in.KubeletObserved, DefaultKubeletLeaseDuration, in, "kubelet")
 	}
 	ready := condition(in.Node, corev1.NodeReady)
 	switch {
@@ -285,7 +380,7 @@ func verdict(in Input) Decision {
 	if agentDur <= 0 {
 		agentDur = config.DefaultAgentLeaseDuration
 	}
-	ag := leaseSignal(in.AgentLease, agentDur, now, "agent")
+	ag := leaseSignal(in.AgentLease, in.AgentObserved, agentDur, in, "agent")
 
 	if ag.stale {
 		if !kub.stale {
@@ -311,6 +406,9 @@ func verdict(in Input) Decision {
 	}
 
 	// The agent is alive, so its conditions are current.
+	firstReady := FirstReady(node)
+	ready := condition(node, corev1.NodeReady)
+	taint := startupTaint(node, in.Policy.StartupTaints)
 	var cands []Decision
 	var kubSince time.Time
 	var evidence []string
@@ -318,13 +416,21 @@ func verdict(in Input) Decision {
 		kubSince = kub.at
 		evidence = append(evidence, kub.what)
 	}
-	if c := condition(node, ConditionKubeletHealthy); c != nil && c.Status == corev1.ConditionFalse && !c.LastTransitionTime.IsZero() {
-		if kubSince.IsZero() || c.LastTransitionTime.Time.Before(kubSince) {
-			kubSince = c.LastTransitionTime.Time
+	// Ready=False is the kubelet's own word that it is not working, once the node had been
+	// ready: before that, not being ready is the startup deadline's business.
+	if firstReady && ready != nil && ready.Status == corev1.ConditionFalse && !ready.LastTransitionTime.IsZero() {
+		t := ready.LastTransitionTime.Time
+		if kubSince.IsZero() || t.Before(kubSince) {
+			kubSince = t
 		}
-		evidence = append(evidence, fmt.Sprintf("agent reports KubeletHealthy=False since %s (%s: %s)", ts(c.LastTransitionTime.Time), c.Reason, c.Message))
+		evidence = append(evidence, fmt.Sprintf("Ready=False since %s (%s)", ts(t), ready.Reason))
 	}
 	if !kubSince.IsZero() {
+		// The agent's KubeletHealthy condition explains but never starts or shortens the
+		// toleration: it is one signal, and the kubelet's own is the second.
+		if c := condition(node, ConditionKubeletHealthy); c != nil && c.Status == corev1.ConditionFalse {
+			evidence = append(evidence, fmt.Sprintf("the agent reports KubeletHealthy=False (%s: %s)", c.Reason, c.Message))
+		}
 		cands = append(cands, Decision{
 			Reason:     ReasonKubeletUnhealthy,
 			Message:    fmt.Sprintf("%s while %s; kubeletUnhealthy toleration %s from %s", strings.Join(evidence, " and "), ag.what, tol.KubeletUnhealthy, ts(kubSince)),
@@ -346,11 +452,16 @@ func verdict(in Input) Decision {
 		})
 	}
 
-	// A node whose agent is alive but never declared it ready still carries a startup taint.
+	// A node whose agent is alive but that never became ready still carries a startup taint.
 	// Past the startup deadline it is replaced: a stuck startup taint is never left forever.
-	// Before the deadline it is just booting and counts as nothing.
+	// Before the deadline it is just booting and counts as nothing. A node that was ready
+	// once is past startup for good: its taint coming back is judged by the rest.
 	var startupDeadline time.Time
-	if taint := startupTaint(node, in.Policy.StartupTaints); taint != "" {
+	note := ""
+	switch {
+	case taint != "" && firstReady:
+		note = fmt.Sprintf("; startup taint %s is back on a node first ready at %s: judged by its heartbeats and conditions, not by the startup deadline", taint, node.Annotations[AnnotationFirstReady])
+	case taint != "":
 		created := node.CreationTimestamp.Time
 		deadline := created.Add(in.Policy.StartupDeadline)
 		if now.Before(deadline) {
@@ -364,8 +475,9 @@ func verdict(in Input) Decision {
 			})
 		}
 	}
+	record := !firstReady && taint == "" && !kub.stale && ready != nil && ready.Status == corev1.ConditionTrue
 
-	// Whatever the verdict, look again when a fresh heartbeat could expire or the startup
+	// Whatever the verdict, look again when a fresh heartbeat could go stale or the startup
 	// deadline arrives.
 	next := ag.at
 	if kub.known && !kub.stale && !kub.at.IsZero() && kub.at.Before(next) {
@@ -376,10 +488,11 @@ func verdict(in Input) Decision {
 	}
 	if len(cands) == 0 {
 		return Decision{
-			Action:       ActionNone,
-			Reason:       ReasonHealthy,
-			Message:      fmt.Sprintf("%s; %s", ag.what, kub.what),
-			RequeueAfter: until(now, next),
+			Action:           ActionNone,
+			Reason:           ReasonHealthy,
+			Message:          fmt.Sprintf("%s; %s%s", ag.what, kub.what, note),
+			RequeueAfter:     until(now, next),
+			RecordFirstReady: record,
 		}
 	}
 	best := cands[0]
@@ -389,6 +502,7 @@ func verdict(in Input) Decision {
 		}
 	}
 	best.Unhealthy, best.Silent = true, kub.stale
+	best.Message += note
 	d := due(best, now)
 	if d.Action == ActionWait {
 		d.RequeueAfter = min(d.RequeueAfter, until(now, next))
@@ -400,38 +514,110 @@ func verdict(in Input) Decision {
 func neverSeen(in Input, kub signal) Decision {
 	now, node, p := in.Now, in.Node, in.Policy
 	created := node.CreationTimestamp.Time
+	ready := condition(node, corev1.NodeReady)
+	readyTrue := ready != nil && ready.Status == corev1.ConditionTrue
+	taint := startupTaint(node, p.StartupTaints)
+	firstReady := FirstReady(node)
+	record := !firstReady && readyTrue && !kub.stale && taint == ""
+	single := p.Liveness == config.LivenessSingleSignal
+
+	if in.NoAgents && !single {
+		return Decision{
+			Action: ActionNone,
+			Reason: ReasonNoAgentLeases,
+			Message: fmt.Sprintf("no nodevigil agent Lease exists for any node: the agents are not installed or the remediator looks in the wrong agentNamespace or label; "+
+				"policy %s has liveness TwoSignal, so nothing is remediated on the kubelet alone (%s)", p.Name, kub.what),
+			RequeueAfter:     until(now, kub.at),
+			Silent:           kub.stale,
+			RecordFirstReady: record,
+		}
+	}
+
+	if firstReady {
+		// Past startup for good: only the kubelet speaks for this node.
+		var since time.Time
+		var evidence []string
+		if kub.stale {
+			since = kub.at
+			evidence = append(evidence, kub.what)
+		}
+		if !readyTrue {
+			t := created
+			if ready != nil && !ready.LastTransitionTime.IsZero() {
+				t = ready.LastTransitionTime.Time
+			}
+			if since.IsZero() || t.Before(since) {
+				since = t
+			}
+			if ready == nil {
+				evidence = append(evidence, "no Ready condition")
+			} else {
+				evidence = append(evidence, fmt.Sprintf("Ready=%s since %s (%s)", ready.Status, ts(t), ready.Reason))
+			}
+		}
+		if since.IsZero() {
+			return Decision{
+				Action:       ActionNone,
+				Reason:       ReasonAgentNeverSeen,
+				Message:      fmt.Sprintf("agent never seen, but the node (first ready %s) is Ready and %s: only the agent is missing; never remediated", node.Annotations[AnnotationFirstReady], kub.what),
+				RequeueAfter: until(now, kub.at),
+			}
+		}
+		if !single {
+			return Decision{
+				Action: ActionNone,
+				Reason: ReasonAgentNeverSeen,
+				Message: fmt.Sprintf("agent never seen and the node (first ready %s) has %s: that is one signal only, and policy %s has liveness TwoSignal; not remediated",
+					node.Annotations[AnnotationFirstReady], strings.Join(evidence, " and "), p.Name),
+				RequeueAfter: until(now, kub.at),
+				Since:        since,
+				Silent:       kub.stale,
+			}
+		}
+		return due(Decision{
+			Reason: ReasonKubeletUnhealthy,
+			Message: fmt.Sprintf("agent never seen and the node (first ready %s) has %s; policy %s has liveness SingleSignal: singleSignal toleration %s from %s",
+				node.Annotations[AnnotationFirstReady], strings.Join(evidence, " and "), p.Name, p.Tolerations.SingleSignal, ts(since)),
+			Since:      since,
+			EligibleAt: since.Add(p.Tolerations.SingleSignal),
+			Unhealthy:  true,
+			Silent:     kub.stale,
+		}, now)
+	}
+
 	graceEnd, deadline := created.Add(p.StartupGrace), created.Add(p.StartupDeadline)
 	switch {
 	case now.Before(graceEnd):
 		return Decision{
-			Action:       ActionWait,
-			Reason:       ReasonStartupGrace,
-			Message:      fmt.Sprintf("agent not seen yet; node created %s is within its startup grace of %s", ts(created), p.StartupGrace),
-			RequeueAfter: graceEnd.Sub(now),
-			Silent:       kub.stale,
+			Action:           ActionWait,
+			Reason:           ReasonStartupGrace,
+			Message:          fmt.Sprintf("agent not seen yet; node created %s is within its startup grace of %s", ts(created), p.StartupGrace),
+			RequeueAfter:     graceEnd.Sub(now),
+			Silent:           kub.stale,
+			RecordFirstReady: record,
 		}
 	case now.Before(deadline):
 		return Decision{
-			Action:       ActionWait,
-			Reason:       ReasonAgentNotSeen,
-			Message:      fmt.Sprintf("agent not seen yet; node created %s has until its startup deadline %s", ts(created), ts(deadline)),
-			RequeueAfter: deadline.Sub(now),
-			Silent:       kub.stale,
+			Action:           ActionWait,
+			Reason:           ReasonAgentNotSeen,
+			Message:          fmt.Sprintf("agent not seen yet; node created %s has until its startup deadline %s", ts(created), ts(deadline)),
+			RequeueAfter:     deadline.Sub(now),
+			Silent:           kub.stale,
+			RecordFirstReady: record,
 		}
 	}
 
-	ready := condition(node, corev1.NodeReady)
-	taint := startupTaint(node, p.StartupTaints)
-	if taint == "" && ready != nil && ready.Status == corev1.ConditionTrue && !kub.stale {
+	if taint == "" && readyTrue && !kub.stale {
 		return Decision{
-			Action:       ActionNone,
-			Reason:       ReasonAgentNeverSeen,
-			Message:      fmt.Sprintf("agent never seen since the node was created %s, but the node is Ready and %s: only the agent is missing; never remediated", ts(created), kub.what),
-			RequeueAfter: until(now, kub.at),
+			Action:           ActionNone,
+			Reason:           ReasonAgentNeverSeen,
+			Message:          fmt.Sprintf("agent never seen since the node was created %s, but the node is Ready and %s: only the agent is missing; never remediated", ts(created), kub.what),
+			RequeueAfter:     until(now, kub.at),
+			RecordFirstReady: record,
 		}
 	}
 
-	// Not serving: find since when, from the earliest evidence still present.
+	// Never ready and not serving: find since when, from the earliest evidence still present.
 	var since time.Time
 	var evidence []string
 	add := func(t time.Time, what string) {
@@ -459,7 +645,7 @@ func neverSeen(in Input, kub signal) Decision {
 	eligible := later(deadline, since.Add(p.Tolerations.KubeletUnhealthy))
 	return due(Decision{
 		Reason: ReasonStartupDeadlineExceeded,
-		Message: fmt.Sprintf("agent never seen and the node %s; startup deadline %s passed at %s (eligible %s)",
+		Message: fmt.Sprintf("agent never seen and the node never became ready: it %s; startup deadline %s passed at %s (eligible %s)",
 			strings.Join(evidence, " and "), p.StartupDeadline, ts(deadline), ts(eligible)),
 		Since:      since,
 		EligibleAt: eligible,

@@ -51,9 +51,17 @@ func taint(k string) nodeOpt {
 
 func state(p Phase) nodeOpt { return annotate(AnnotationState, string(p)) }
 
-// node builds a node created a day ago (well past any startup window), Ready=True.
+// wasReady records the node first ready two hours before now.
+var wasReady = annotate(AnnotationFirstReady, "2025-03-01T10:00:00Z")
+
+// seen is an observation time relative to now, for the test table.
+func seen(d time.Duration) *time.Duration { return &d }
+
+// node builds a node created a day ago (well past any startup window), Ready=True and recorded
+// first ready two hours ago.
 func node(opts ...nodeOpt) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-0-1", CreationTimestamp: metav1.NewTime(at(-24 * time.Hour))}}
+	wasReady(n)
 	hasReady := false
 	for _, o := range opts {
 		o(n)
@@ -67,6 +75,12 @@ func node(opts ...nodeOpt) *corev1.Node {
 	return n
 }
 
+// notRecorded removes the first-ready record node() gives every node by default.
+func notRecorded(n *corev1.Node) { delete(n.Annotations, AnnotationFirstReady) }
+
+// singleSignal switches a policy to liveness SingleSignal.
+func singleSignal(p *config.Policy) { p.Liveness = config.LivenessSingleSignal }
+
 // bare builds a node without the default Ready condition.
 func bare(opts ...nodeOpt) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ip-10-0-0-1", CreationTimestamp: metav1.NewTime(at(-24 * time.Hour))}}
@@ -76,7 +90,8 @@ func bare(opts ...nodeOpt) *corev1.Node {
 	return n
 }
 
-// lease renewed at now+renewed with a 40 s duration.
+// lease renewed at now+renewed with a 40 s duration. Unless a case says otherwise, the
+// remediator observed the renewal at that moment too (no clock skew); StaleAfter(40s) is 50s.
 func lease(renewed time.Duration) *coordinationv1.Lease {
 	return &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{
 		RenewTime:            &metav1.MicroTime{Time: at(renewed)},
@@ -113,6 +128,11 @@ func TestDecide(t *testing.T) {
 		policy    *config.Policy
 		observing time.Duration // leader since now+observing; default long ago
 		agentDur  time.Duration
+		// kubeletSeen and agentSeen override when the remediator observed the Lease change
+		// (default: at its renewTime); noAgents says no agent Lease exists anywhere.
+		kubeletSeen, agentSeen *time.Duration
+		noAgents               bool
+		record                 bool // want RecordFirstReady
 
 		action     Action
 		reason     string
@@ -125,37 +145,72 @@ func TestDecide(t *testing.T) {
 		silent     bool
 		msg        string // substring of the message
 	}{
-		// Row 1: both heartbeats fresh.
+		// Row 1: both heartbeats fresh. A Lease is stale 50 s (40 s + grace 10 s) after the
+		// remediator last saw it change.
 		{name: "healthy", node: node(), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "healthy requeues at the earlier staleness", node: node(), kubelet: lease(-20 * time.Second), agent: freshAgent,
 			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
-		{name: "healthy requeues at the earlier expiry", node: node(), kubelet: lease(-20 * time.Second), agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 20 * time.Second},
 		{name: "healthy with kubelet lease fresh and Ready Unknown (lease wins)", node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, -time.Minute)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
-		{name: "lease renewed in the future (clock skew) is fresh", node: node(), kubelet: lease(10 * time.Second), agent: lease(5 * time.Second),
-			action: ActionNone, reason: ReasonHealthy, requeue: 45 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 
-		// Row 2: agent fresh, kubelet down.
-		{name: "kubelet lease just expired, agent fresh: wait for kubeletUnhealthy toleration", node: node(), kubelet: lease(-60 * time.Second), agent: freshAgent,
-			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 30 * time.Second, since: -20 * time.Second, checkSince: true,
-			eligible: -20*time.Second + 5*time.Minute, checkElig: true, unhealthy: true, silent: true, msg: "kubelet lease expired"},
-		{name: "kubelet lease expired beyond toleration: remediate", node: node(), kubelet: lease(-6 * time.Minute), agent: freshAgent,
-			action: ActionRemediate, reason: ReasonKubeletUnhealthy, requeue: 0, eligible: -20 * time.Second, checkElig: true, unhealthy: true, silent: true},
-		{name: "agent reports KubeletHealthy=False, kubelet lease fresh: wait", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 30 * time.Second, since: -2 * time.Minute, checkSince: true,
-			eligible: 3 * time.Minute, checkElig: true, unhealthy: true, silent: false, msg: "KubeletHealthy=False"},
-		{name: "agent reports KubeletHealthy=False beyond toleration: remediate", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionRemediate, reason: ReasonKubeletUnhealthy, requeue: 0, unhealthy: true},
-		{name: "kubelet evidence measured from the earliest signal", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -3*time.Minute)), kubelet: lease(-100 * time.Second), agent: freshAgent,
-			action: ActionWait, reason: ReasonKubeletUnhealthy, since: -3 * time.Minute, checkSince: true, eligible: 2 * time.Minute, checkElig: true, unhealthy: true, silent: true, requeue: -1},
+		// Time is the observer's: renewTime is the node's clock and never compared with now.
+		{name: "node clock 10 min ahead, leases seen renewing: fresh", node: node(), kubelet: lease(10 * time.Minute), kubeletSeen: seen(-5 * time.Second), agent: lease(10 * time.Minute), agentSeen: seen(-10 * time.Second),
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "node clock 10 min behind, leases seen renewing: fresh", node: node(), kubelet: lease(-10 * time.Minute), kubeletSeen: seen(-5 * time.Second), agent: lease(-10 * time.Minute), agentSeen: seen(-10 * time.Second),
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "renewTime claims now but nothing seen changing for 60 s: silent", node: node(), kubelet: lease(0), kubeletSeen: seen(-60 * time.Second), agent: lease(0), agentSeen: seen(-60 * time.Second),
+			action: ActionWait, reason: ReasonNodeSilent, since: -10 * time.Second, checkSince: true, requeue: 3*time.Minute - 10*time.Second, unhealthy: true, silent: true, msg: "renewTime claims 2025-03-01T12:00:00Z"},
+		{name: "renewTime 10 min ahead but nothing seen changing: silent", node: node(), kubelet: lease(10 * time.Minute), kubeletSeen: seen(-10 * time.Minute), agent: lease(10 * time.Minute), agentSeen: seen(-10 * time.Minute),
+			action: ActionRemediate, reason: ReasonNodeSilent, requeue: 0, unhealthy: true, silent: true},
+		{name: "stale exactly StaleAfter after the last change", node: node(), kubelet: freshKubelet, agent: lease(0), agentSeen: seen(-50 * time.Second),
+			action: ActionNone, reason: ReasonAgentSilent, since: 0, checkSince: true, requeue: 45 * time.Second, silent: true},
+		{name: "fresh one nanosecond before StaleAfter", node: node(), kubelet: freshKubelet, agent: lease(0), agentSeen: seen(-50*time.Second + time.Nanosecond),
+			action: ActionNone, reason: ReasonHealthy, requeue: time.Nanosecond},
+		{name: "a new leader judges Leases from its own start", node: node(), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), observing: -10 * time.Second,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "a new leader judges a Lease stale one duration and grace after its start", node: node(), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), observing: -50 * time.Second,
+			action: ActionWait, reason: ReasonNodeSilent, since: 0, checkSince: true, requeue: 3 * time.Minute, unhealthy: true, silent: true},
+
+		// First ready is recorded once, when the node is seen ready.
+		{name: "ready node without a first-ready record: record it", node: node(notRecorded), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, record: true},
+		{name: "no record while the startup taint is on", node: node(notRecorded, created(-5*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "no record while Ready is not True", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "no record while the kubelet is stale", node: node(notRecorded), kubelet: lease(-60 * time.Second), agent: freshAgent,
+			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 40 * time.Second, unhealthy: true, silent: true},
+
+		// Row 2: agent fresh, kubelet down (its Lease stale, or Ready=False once ready).
+		{name: "kubelet lease just stale, agent fresh: wait for kubeletUnhealthy toleration", node: node(), kubelet: lease(-60 * time.Second), agent: freshAgent,
+			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 40 * time.Second, since: -10 * time.Second, checkSince: true,
+			eligible: -10*time.Second + 5*time.Minute, checkElig: true, unhealthy: true, silent: true, msg: "kubelet lease stale since"},
+		{name: "kubelet lease stale beyond toleration: remediate", node: node(), kubelet: lease(-6 * time.Minute), agent: freshAgent,
+			action: ActionRemediate, reason: ReasonKubeletUnhealthy, requeue: 0, eligible: -10 * time.Second, checkElig: true, unhealthy: true, silent: true},
+		{name: "agent reports KubeletHealthy=False, kubelet lease fresh and Ready: healthy (one signal)", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "agent reports KubeletHealthy=False for hours, kubelet fresh and Ready: still healthy", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -6*time.Hour)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "KubeletHealthy=False explains a stale kubelet but does not move its start", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -3*time.Minute)), kubelet: lease(-100 * time.Second), agent: freshAgent,
+			action: ActionWait, reason: ReasonKubeletUnhealthy, since: -50 * time.Second, checkSince: true, eligible: 4*time.Minute + 10*time.Second, checkElig: true, unhealthy: true, silent: true, requeue: 40 * time.Second, msg: "KubeletHealthy=False"},
+		{name: "Ready=False after first ready, kubelet lease fresh: kubelet toleration from the transition", node: node(cond(corev1.NodeReady, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionWait, reason: ReasonKubeletUnhealthy, since: -2 * time.Minute, checkSince: true, eligible: 3 * time.Minute, checkElig: true, unhealthy: true, requeue: 40 * time.Second, msg: "Ready=False"},
+		{name: "Ready=False after first ready beyond toleration: remediate", node: node(cond(corev1.NodeReady, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionRemediate, reason: ReasonKubeletUnhealthy, unhealthy: true, requeue: 0},
+		{name: "Ready=False before first ready is the startup deadline's business", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "KubeletHealthy named in tolerations.conditions: its own toleration", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -21*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			policy: policy(func(p *config.Policy) { p.Tolerations.Conditions["KubeletHealthy"] = 20 * time.Minute }),
+			action: ActionRemediate, reason: ReasonConditionUnhealthy, unhealthy: true, requeue: 0, msg: "KubeletHealthy=False"},
 		{name: "KubeletHealthy=Unknown is no evidence", node: node(cond(ConditionKubeletHealthy, corev1.ConditionUnknown, -time.Hour)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "no kubelet lease, Ready=Unknown, agent fresh", node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, -6*time.Minute)), agent: freshAgent,
 			action: ActionRemediate, reason: ReasonKubeletUnhealthy, unhealthy: true, silent: true, requeue: 0},
 
 		// Row 3: only the agent is silent: never remediate.
 		{name: "agent silent, kubelet fresh: never", node: node(), kubelet: freshKubelet, agent: staleAgent,
-			action: ActionNone, reason: ReasonAgentSilent, requeue: 35 * time.Second, since: -80 * time.Second, checkSince: true, silent: true, msg: "only the agent is broken"},
+			action: ActionNone, reason: ReasonAgentSilent, requeue: 45 * time.Second, since: -70 * time.Second, checkSince: true, silent: true, msg: "only the agent is broken"},
 		{name: "agent silent for days with stale bad conditions, kubelet fresh: never", node: node(cond(ConditionNetworkingReady, corev1.ConditionFalse, -48*time.Hour), cond(ConditionKubeletHealthy, corev1.ConditionFalse, -48*time.Hour)),
 			kubelet: freshKubelet, agent: lease(-47 * time.Hour), action: ActionNone, reason: ReasonAgentSilent, silent: true, requeue: -1},
 		{name: "agent silent, no kubelet lease but Ready=True", node: node(), agent: staleAgent,
@@ -164,63 +219,90 @@ func TestDecide(t *testing.T) {
 			action: ActionNone, reason: ReasonAgentSilent, requeue: 0, silent: true},
 
 		// Row 4: both silent.
-		{name: "both silent, toleration runs from the later expiry (kubelet)", node: node(), kubelet: lease(-60 * time.Second), agent: staleAgent,
-			action: ActionWait, reason: ReasonNodeSilent, requeue: 3*time.Minute - 20*time.Second, since: -20 * time.Second, checkSince: true,
-			eligible: 3*time.Minute - 20*time.Second, checkElig: true, unhealthy: true, silent: true},
-		{name: "both silent, toleration runs from the later expiry (agent)", node: node(), kubelet: lease(-140 * time.Second), agent: lease(-60 * time.Second),
-			action: ActionWait, reason: ReasonNodeSilent, since: -20 * time.Second, checkSince: true, requeue: 3*time.Minute - 20*time.Second, unhealthy: true, silent: true},
+		{name: "both silent, toleration runs from the later staleness (kubelet)", node: node(), kubelet: lease(-60 * time.Second), agent: staleAgent,
+			action: ActionWait, reason: ReasonNodeSilent, requeue: 3*time.Minute - 10*time.Second, since: -10 * time.Second, checkSince: true,
+			eligible: 3*time.Minute - 10*time.Second, checkElig: true, unhealthy: true, silent: true},
+		{name: "both silent, toleration runs from the later staleness (agent)", node: node(), kubelet: lease(-140 * time.Second), agent: lease(-60 * time.Second),
+			action: ActionWait, reason: ReasonNodeSilent, since: -10 * time.Second, checkSince: true, requeue: 3*time.Minute - 10*time.Second, unhealthy: true, silent: true},
 		{name: "both silent beyond toleration: remediate", node: node(), kubelet: lease(-5 * time.Minute), agent: lease(-10 * time.Minute),
-			action: ActionRemediate, reason: ReasonNodeSilent, requeue: 0, since: -260 * time.Second, checkSince: true, unhealthy: true, silent: true, msg: "both heartbeats silent"},
-		{name: "both silent exactly at the toleration end: remediate", node: node(), kubelet: lease(-220 * time.Second), agent: lease(-220 * time.Second),
+			action: ActionRemediate, reason: ReasonNodeSilent, requeue: 0, since: -250 * time.Second, checkSince: true, unhealthy: true, silent: true, msg: "both heartbeats silent"},
+		{name: "both silent exactly at the toleration end: remediate", node: node(), kubelet: lease(-230 * time.Second), agent: lease(-230 * time.Second),
 			action: ActionRemediate, reason: ReasonNodeSilent, requeue: 0, eligible: 0, checkElig: true, unhealthy: true, silent: true},
-		{name: "both silent one nanosecond before the toleration end: wait exactly that long", node: node(), kubelet: lease(-220*time.Second + time.Nanosecond), agent: lease(-220 * time.Second),
+		{name: "both silent one nanosecond before the toleration end: wait exactly that long", node: node(), kubelet: lease(-230*time.Second + time.Nanosecond), agent: lease(-230 * time.Second),
 			action: ActionWait, reason: ReasonNodeSilent, requeue: time.Nanosecond, unhealthy: true, silent: true},
-		{name: "both silent, no kubelet lease, Ready=Unknown", node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, -5*time.Minute)), agent: lease(-280 * time.Second),
+		{name: "both silent, no kubelet lease, Ready=Unknown", node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, -5*time.Minute)), agent: lease(-290 * time.Second),
 			action: ActionRemediate, reason: ReasonNodeSilent, since: -4 * time.Minute, checkSince: true, unhealthy: true, silent: true, requeue: 0},
 
-		// Row 5: agent never seen.
-		{name: "never seen, young: startup grace", node: node(created(-5 * time.Minute)), kubelet: freshKubelet,
-			action: ActionWait, reason: ReasonStartupGrace, requeue: 5 * time.Minute},
-		{name: "never seen, past grace: wait for the deadline", node: node(created(-15 * time.Minute)), kubelet: freshKubelet,
-			action: ActionWait, reason: ReasonAgentNotSeen, requeue: 5 * time.Minute},
-		{name: "never seen, past grace, kubelet silent too: still only the deadline", node: node(created(-15 * time.Minute)), kubelet: lease(-10 * time.Minute),
+		// Row 5: agent never seen, node never recorded ready: only the startup deadline.
+		{name: "never seen, young: startup grace", node: node(notRecorded, created(-5*time.Minute)), kubelet: freshKubelet,
+			action: ActionWait, reason: ReasonStartupGrace, requeue: 5 * time.Minute, record: true},
+		{name: "never seen, past grace: wait for the deadline", node: node(notRecorded, created(-15*time.Minute)), kubelet: freshKubelet,
+			action: ActionWait, reason: ReasonAgentNotSeen, requeue: 5 * time.Minute, record: true},
+		{name: "never seen, past grace, kubelet silent too: still only the deadline", node: node(notRecorded, created(-15*time.Minute)), kubelet: lease(-10 * time.Minute),
 			action: ActionWait, reason: ReasonAgentNotSeen, requeue: 5 * time.Minute, silent: true},
-		{name: "never seen past the deadline, never Ready: remediate", node: node(created(-25*time.Minute), cond(corev1.NodeReady, corev1.ConditionFalse, -24*time.Minute)), kubelet: freshKubelet,
+		{name: "never seen past the deadline, never Ready: remediate", node: node(notRecorded, created(-25*time.Minute), cond(corev1.NodeReady, corev1.ConditionFalse, -24*time.Minute)), kubelet: freshKubelet,
 			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, since: -24 * time.Minute, checkSince: true, eligible: -5 * time.Minute, checkElig: true, unhealthy: true, requeue: 0},
 		{name: "never seen past the deadline, no Ready, no lease: remediate", node: bare(created(-25 * time.Minute)),
 			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, requeue: 0, msg: "has no Ready condition"},
-		{name: "never seen past the deadline but serving: only the agent is missing", node: node(created(-25 * time.Minute)), kubelet: freshKubelet,
-			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 35 * time.Second},
-		{name: "never seen, old node predating nodevigil, serving: never", node: node(), kubelet: freshKubelet,
-			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 35 * time.Second},
-		{name: "never seen past the deadline, Ready but stuck startup taint: remediate", node: node(created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet,
+		{name: "never seen past the deadline but serving: only the agent is missing", node: node(notRecorded, created(-25*time.Minute)), kubelet: freshKubelet,
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 45 * time.Second, record: true},
+		{name: "never seen, old node predating nodevigil, serving: never", node: node(notRecorded), kubelet: freshKubelet,
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 45 * time.Second, record: true},
+		{name: "never seen past the deadline, Ready but stuck startup taint: remediate", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet,
 			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, requeue: 0, msg: "still carries startup taint"},
-		{name: "never seen, old node just went NotReady: kubelet toleration applies", node: node(cond(corev1.NodeReady, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet,
-			action: ActionWait, reason: ReasonStartupDeadlineExceeded, requeue: 3 * time.Minute, eligible: 3 * time.Minute, checkElig: true, unhealthy: true},
-		{name: "never seen, old node, kubelet silent long: remediate", node: node(), kubelet: lease(-10 * time.Minute),
+		{name: "never seen, never recorded ready, kubelet silent long: startup deadline", node: node(notRecorded), kubelet: lease(-10 * time.Minute),
 			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, silent: true, requeue: 0},
 
+		// Agent never seen on a node that was ready: one signal. Never, unless SingleSignal.
+		{name: "never seen, was ready, serving: never", node: node(), kubelet: freshKubelet,
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 45 * time.Second},
+		{name: "never seen, was ready, went NotReady: one signal, never under TwoSignal", node: node(cond(corev1.NodeReady, corev1.ConditionFalse, -2*time.Hour)), kubelet: freshKubelet,
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 45 * time.Second, msg: "one signal only"},
+		{name: "never seen, was ready, kubelet silent long: never under TwoSignal", node: node(), kubelet: lease(-10 * time.Hour),
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 0, silent: true, msg: "liveness TwoSignal"},
+		{name: "never seen, was ready, stuck startup taint back, serving: never", node: node(taint(config.DefaultStartupTaint)), kubelet: freshKubelet,
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 45 * time.Second},
+		{name: "SingleSignal: kubelet silent on a node without agent, within the 30m toleration", node: node(), kubelet: lease(-10 * time.Minute), policy: policy(singleSignal),
+			action: ActionWait, reason: ReasonKubeletUnhealthy, since: -(9*time.Minute + 10*time.Second), checkSince: true, eligible: 20*time.Minute + 50*time.Second, checkElig: true,
+			requeue: 20*time.Minute + 50*time.Second, unhealthy: true, silent: true, msg: "liveness SingleSignal"},
+		{name: "SingleSignal: kubelet silent beyond the toleration: remediate", node: node(), kubelet: lease(-40 * time.Minute), policy: policy(singleSignal),
+			action: ActionRemediate, reason: ReasonKubeletUnhealthy, requeue: 0, unhealthy: true, silent: true},
+
+		// No agent Lease anywhere: a misconfiguration; nothing is remediated on one signal.
+		{name: "no agent leases anywhere: a stuck startup taint past the deadline is not remediated", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, noAgents: true,
+			action: ActionNone, reason: ReasonNoAgentLeases, requeue: 45 * time.Second, msg: "no nodevigil agent Lease exists for any node"},
+		{name: "no agent leases anywhere: a dead kubelet is not remediated", node: node(notRecorded), kubelet: lease(-time.Hour), noAgents: true,
+			action: ActionNone, reason: ReasonNoAgentLeases, requeue: 0, silent: true},
+		{name: "no agent leases anywhere, ready node: recorded ready all the same", node: node(notRecorded), kubelet: freshKubelet, noAgents: true,
+			action: ActionNone, reason: ReasonNoAgentLeases, requeue: 45 * time.Second, record: true},
+		{name: "no agent leases anywhere under SingleSignal: judged on the kubelet", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, noAgents: true, policy: policy(singleSignal),
+			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, requeue: 0},
+
 		// Agent alive, but the node never shed its startup taint.
-		{name: "agent fresh, startup taint kept, booting: nothing yet, requeue at the deadline", node: node(created(-(20*time.Minute - 10*time.Second)), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
+		{name: "agent fresh, startup taint kept, booting: nothing yet, requeue at the deadline", node: node(notRecorded, created(-(20*time.Minute - 10*time.Second)), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionNone, reason: ReasonHealthy, requeue: 10 * time.Second},
-		{name: "agent fresh, startup taint kept past the deadline: remediate", node: node(created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
+		{name: "agent fresh, startup taint kept past the deadline: remediate", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, since: -25 * time.Minute, checkSince: true, eligible: -5 * time.Minute, checkElig: true, unhealthy: true, requeue: 0, msg: "never became ready"},
-		{name: "agent silent, kubelet fresh, startup taint kept: still never", node: node(created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: staleAgent,
+		{name: "startup taint back on a day-old node first ready: no startup deadline", node: node(taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, msg: "is back on a node first ready at"},
+		{name: "startup taint back with its check's condition False: that condition's toleration", node: node(taint(config.DefaultStartupTaint), cond(ConditionNetworkingReady, corev1.ConditionFalse, -11*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			action: ActionRemediate, reason: ReasonConditionUnhealthy, unhealthy: true, requeue: 0, msg: "NetworkingReady=False"},
+		{name: "agent silent, kubelet fresh, startup taint kept: still never", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: staleAgent,
 			action: ActionNone, reason: ReasonAgentSilent, silent: true, requeue: -1},
 		{name: "foreign taint is no startup taint", node: node(taint("dedicated")), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 
 		// Agent-reported conditions.
 		{name: "NetworkingReady=False within toleration", node: node(cond(ConditionNetworkingReady, corev1.ConditionFalse, -5*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionWait, reason: ReasonConditionUnhealthy, requeue: 30 * time.Second, eligible: 5 * time.Minute, checkElig: true, unhealthy: true, msg: "NetworkingReady=False"},
+			action: ActionWait, reason: ReasonConditionUnhealthy, requeue: 40 * time.Second, eligible: 5 * time.Minute, checkElig: true, unhealthy: true, msg: "NetworkingReady=False"},
 		{name: "NetworkingReady=False beyond toleration", node: node(cond(ConditionNetworkingReady, corev1.ConditionFalse, -11*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionRemediate, reason: ReasonConditionUnhealthy, requeue: 0, since: -11 * time.Minute, checkSince: true, unhealthy: true},
 		{name: "condition not in the policy is ignored", node: node(cond("DiskHealthy", corev1.ConditionFalse, -time.Hour)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "condition Unknown is no evidence", node: node(cond(ConditionNetworkingReady, corev1.ConditionUnknown, -time.Hour)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "condition without LastTransitionTime cannot be measured", node: node(cond(ConditionNetworkingReady, corev1.ConditionFalse, 0)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "the condition whose toleration ends first wins", node: node(cond(ConditionNetworkingReady, corev1.ConditionFalse, -11*time.Minute), cond(ConditionMemoryHealthy, corev1.ConditionFalse, -20*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionRemediate, reason: ReasonConditionUnhealthy, eligible: -5 * time.Minute, checkElig: true, unhealthy: true, msg: "MemoryHealthy=False", requeue: 0},
 
@@ -234,31 +316,31 @@ func TestDecide(t *testing.T) {
 		{name: "policy action None reports only", node: node(), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), policy: policy(func(p *config.Policy) { p.Action = config.ActionNone; p.Name = "db" }),
 			action: ActionNone, reason: ReasonRemediationDisabled, unhealthy: true, silent: true, requeue: -1, msg: "policy db has action None"},
 		{name: "policy action None on a healthy node is healthy", node: node(), kubelet: freshKubelet, agent: freshAgent, policy: policy(func(p *config.Policy) { p.Action = config.ActionNone }),
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "policy action None releases a draining node", node: node(state(PhaseDraining)), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), policy: policy(func(p *config.Policy) { p.Action = config.ActionNone }),
 			action: ActionRelease, reason: ReasonRemediationDisabled, unhealthy: true, silent: true, requeue: -1},
 		{name: "startup grace holds a young node's remediation", node: node(created(-5 * time.Minute)), kubelet: lease(-4 * time.Minute), agent: lease(-4 * time.Minute),
 			action: ActionWait, reason: ReasonStartupGrace, requeue: 5 * time.Minute, unhealthy: true, silent: true, msg: "then NodeSilent"},
-		{name: "leader observing holds judgement", node: node(), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), observing: -10 * time.Second,
-			action: ActionWait, reason: ReasonLeaderObserving, requeue: 30 * time.Second, unhealthy: true, silent: true},
-		{name: "leader observing does not hide a healthy node", node: node(), kubelet: freshKubelet, agent: freshAgent, observing: -10 * time.Second,
-			action: ActionNone, reason: ReasonHealthy, requeue: 30 * time.Second},
-		{name: "the later of grace and observation is reported", node: node(created(-5 * time.Minute)), kubelet: lease(-4 * time.Minute), agent: lease(-4 * time.Minute), observing: -10 * time.Second,
+		{name: "startup grace holds when the leader has observed long enough", node: node(created(-5 * time.Minute)), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), observing: -5 * time.Minute,
 			action: ActionWait, reason: ReasonStartupGrace, requeue: 5 * time.Minute, unhealthy: true, silent: true},
+		{name: "leader observing does not hide a healthy node", node: node(), kubelet: freshKubelet, agent: freshAgent, observing: -10 * time.Second,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "the observation period applies to the startup deadline too", node: bare(created(-25 * time.Minute)), observing: -30 * time.Second,
 			action: ActionWait, reason: ReasonLeaderObserving, requeue: 10 * time.Second, unhealthy: true},
 
 		// Pipeline states.
 		{name: "marked node that recovered is released", node: node(state(PhaseMarked)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionRelease, reason: ReasonHealthy, requeue: 30 * time.Second, msg: "releasing node (state Marked)"},
+			action: ActionRelease, reason: ReasonHealthy, requeue: 40 * time.Second, msg: "releasing node (state Marked)"},
 		{name: "draining node still dead continues", node: node(state(PhaseDraining)), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute),
 			action: ActionRemediate, reason: ReasonNodeSilent, unhealthy: true, silent: true, requeue: 0},
 		{name: "cordoned node with only the agent silent is released", node: node(state(PhaseCordoned)), kubelet: freshKubelet, agent: staleAgent,
 			action: ActionRelease, reason: ReasonAgentSilent, silent: true, requeue: -1},
 		{name: "cordoned node back within toleration is released", node: node(state(PhaseCordoned)), kubelet: lease(-60 * time.Second), agent: freshAgent,
 			action: ActionRelease, reason: ReasonKubeletUnhealthy, unhealthy: true, silent: true, requeue: -1},
-		{name: "cordoned node under observation is kept, not released", node: node(state(PhaseCordoned)), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), observing: -time.Second,
-			action: ActionWait, reason: ReasonLeaderObserving, unhealthy: true, silent: true, requeue: 39 * time.Second},
+		{name: "cordoned node under a new leader is kept, not released on unwatched Leases", node: node(state(PhaseCordoned)), kubelet: lease(-10 * time.Minute), agent: lease(-10 * time.Minute), observing: -time.Second,
+			action: ActionWait, reason: ReasonLeaderObserving, requeue: 49 * time.Second, msg: "has not been watched for its duration yet"},
+		{name: "cordoned node whose Leases changed under the new leader is released", node: node(state(PhaseCordoned)), kubelet: freshKubelet, agent: freshAgent, observing: -20 * time.Second,
+			action: ActionRelease, reason: ReasonHealthy, requeue: -1},
 		{name: "terminating node that looks healthy is finished anyway", node: node(state(PhaseTerminating), annotate(AnnotationReason, ReasonNodeSilent)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionRemediate, reason: ReasonTerminationInProgress, unhealthy: true, requeue: 0, msg: "started for NodeSilent"},
 		{name: "terminated node with do-not-remediate is finished anyway", node: node(state(PhaseTerminated), annotate(AnnotationDoNotRemediate, "true")), kubelet: freshKubelet, agent: freshAgent,
@@ -269,10 +351,10 @@ func TestDecide(t *testing.T) {
 		// Lease field fallbacks.
 		{name: "agent lease without duration uses AgentLeaseDuration", node: node(), kubelet: lease(-10 * time.Minute), agentDur: 20 * time.Second,
 			agent:  &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: at(-25 * time.Second)}}},
-			action: ActionWait, reason: ReasonNodeSilent, since: -5 * time.Second, checkSince: true, unhealthy: true, silent: true, requeue: -1},
-		{name: "lease without renewTime uses acquireTime", node: node(), kubelet: freshKubelet,
-			agent:  &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{AcquireTime: &metav1.MicroTime{Time: at(-50 * time.Second)}, LeaseDurationSeconds: ptr.To[int32](40)}},
-			action: ActionNone, reason: ReasonAgentSilent, since: -10 * time.Second, checkSince: true, silent: true, requeue: -1},
+			action: ActionWait, reason: ReasonNodeSilent, since: 0, checkSince: true, unhealthy: true, silent: true, requeue: -1},
+		{name: "lease without renewTime is judged by observation alone", node: node(), kubelet: freshKubelet,
+			agent: &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr.To[int32](40)}}, agentSeen: seen(-60 * time.Second),
+			action: ActionNone, reason: ReasonAgentSilent, since: -10 * time.Second, checkSince: true, silent: true, requeue: -1, msg: "renewTime claims none"},
 		{name: "nil policy means the default policy", node: node(), kubelet: lease(-5 * time.Minute), agent: lease(-5 * time.Minute), policy: nil,
 			action: ActionRemediate, reason: ReasonNodeSilent, unhealthy: true, silent: true, requeue: 0},
 	}
@@ -289,6 +371,8 @@ func TestDecide(t *testing.T) {
 			in := Input{
 				Node: tt.node, KubeletLease: tt.kubelet, AgentLease: tt.agent, Policy: p, Now: now,
 				ObservingSince: observing, ObservePeriod: 40 * time.Second, AgentLeaseDuration: tt.agentDur,
+				KubeletObserved: observedAt(tt.kubelet, tt.kubeletSeen), AgentObserved: observedAt(tt.agent, tt.agentSeen),
+				NoAgents: tt.noAgents,
 			}
 			d := Decide(in)
 			if d.Action != tt.action || d.Reason != tt.reason {
@@ -306,6 +390,9 @@ func TestDecide(t *testing.T) {
 			if d.Unhealthy != tt.unhealthy || d.Silent != tt.silent {
 				t.Errorf("Unhealthy/Silent = %v/%v, want %v/%v", d.Unhealthy, d.Silent, tt.unhealthy, tt.silent)
 			}
+			if d.RecordFirstReady != tt.record {
+				t.Errorf("RecordFirstReady = %v, want %v", d.RecordFirstReady, tt.record)
+			}
 			if !strings.Contains(d.Message, tt.msg) {
 				t.Errorf("Message %q does not contain %q", d.Message, tt.msg)
 			}
@@ -318,6 +405,22 @@ func TestDecide(t *testing.T) {
 			}
 		})
 	}
+}
+
+// observedAt is when a test case's remediator saw the Lease change: the override, else the
+// renewTime (or acquireTime) the Lease claims.
+func observedAt(l *coordinationv1.Lease, override *time.Duration) time.Time {
+	switch {
+	case override != nil:
+		return at(*override)
+	case l == nil:
+		return time.Time{}
+	case l.Spec.RenewTime != nil:
+		return l.Spec.RenewTime.Time
+	case l.Spec.AcquireTime != nil:
+		return l.Spec.AcquireTime.Time
+	}
+	return time.Time{}
 }
 
 func TestDecideNilNode(t *testing.T) {
@@ -334,11 +437,56 @@ func TestAgentSilentNeverRemediates(t *testing.T) {
 		for silence := time.Duration(0); silence <= 72*time.Hour; silence += 7 * time.Minute {
 			n := node(cond(ConditionNetworkingReady, corev1.ConditionFalse, -silence-time.Hour), cond(ConditionKubeletHealthy, corev1.ConditionFalse, -silence-time.Hour))
 			d := Decide(Input{
-				Node: n, KubeletLease: freshKubelet, AgentLease: lease(-silence - 40*time.Second),
+				Node: n, KubeletLease: freshKubelet, AgentLease: lease(-silence - 50*time.Second),
+				KubeletObserved: at(-5 * time.Second), AgentObserved: at(-silence - 50*time.Second),
 				Policy: policy(func(p *config.Policy) { p.Action = action }), Now: now, ObservingSince: at(-100 * time.Hour), ObservePeriod: 40 * time.Second,
 			})
 			if d.Action == ActionRemediate {
 				t.Fatalf("action %s, agent silent %s, kubelet fresh: Decide = Remediate (%s)", action, silence, d.Message)
+			}
+		}
+	}
+}
+
+// TestAgentConditionAloneNeverRemediates sweeps time: a kubelet the agent restarted keeps its
+// KubeletHealthy=False for as long as it likes; while the kubelet Lease is seen renewing and
+// Ready is True, no toleration starts and nothing is ever remediated, whatever the node's clock
+// writes into the Leases.
+func TestAgentConditionAloneNeverRemediates(t *testing.T) {
+	for _, skew := range []time.Duration{-10 * time.Minute, 0, 10 * time.Minute} {
+		for age := time.Duration(0); age <= 72*time.Hour; age += 7 * time.Minute {
+			n := node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -age))
+			d := Decide(Input{
+				Node: n, KubeletLease: lease(skew), AgentLease: lease(skew - 5*time.Second),
+				KubeletObserved: at(-5 * time.Second), AgentObserved: at(-10 * time.Second),
+				Policy: policy(), Now: now, ObservingSince: at(-100 * time.Hour), ObservePeriod: 40 * time.Second,
+			})
+			if d.Action != ActionNone || d.Reason != ReasonHealthy || d.Unhealthy {
+				t.Fatalf("KubeletHealthy=False for %s, clock skew %s, kubelet fresh and Ready: Decide = %s/%s unhealthy=%v (%s)", age, skew, d.Action, d.Reason, d.Unhealthy, d.Message)
+			}
+		}
+	}
+}
+
+// TestSkewedClocksNeverMatter: a node whose clock is off by any amount, in either direction,
+// is judged the same as one with a perfect clock, because renewTime is never compared with
+// the remediator's time.
+func TestSkewedClocksNeverMatter(t *testing.T) {
+	for _, silentFor := range []time.Duration{0, 30 * time.Second, 51 * time.Second, 10 * time.Minute} {
+		var want Decision
+		for i, skew := range []time.Duration{0, -10 * time.Minute, 10 * time.Minute, -30 * 24 * time.Hour, 365 * 24 * time.Hour} {
+			d := Decide(Input{
+				Node: node(), KubeletLease: lease(skew - silentFor), AgentLease: lease(skew - silentFor),
+				KubeletObserved: at(-silentFor), AgentObserved: at(-silentFor),
+				Policy: policy(), Now: now, ObservingSince: at(-time.Hour), ObservePeriod: 50 * time.Second,
+			})
+			if i == 0 {
+				want = d
+				continue
+			}
+			if d.Action != want.Action || d.Reason != want.Reason || d.RequeueAfter != want.RequeueAfter || !d.Since.Equal(want.Since) {
+				t.Errorf("silent %s, skew %s: %s/%s requeue %s since %s; without skew %s/%s requeue %s since %s",
+					silentFor, skew, d.Action, d.Reason, d.RequeueAfter, d.Since, want.Action, want.Reason, want.RequeueAfter, want.Since)
 			}
 		}
 	}

@@ -31,6 +31,13 @@ const (
 	AnnotationTerminatedAt = "nodevigil.io/terminated-at"
 	// AnnotationDryRunDecision records, in dry-run mode only, what would have been done.
 	AnnotationDryRunDecision = "nodevigil.io/dry-run-decision"
+	// AnnotationFirstReady is when the remediator first observed the node ready (RFC 3339, the
+	// remediator's clock): Ready=True, the kubelet Lease fresh, the agent alive (or never
+	// seen) and none of the policy's startup taints. It is written once, kept forever and read
+	// by every later leader: the startup deadline applies only to a node without it, so a
+	// startup taint that comes back on a node that was ready is never mistaken for a node
+	// that never booted.
+	AnnotationFirstReady = "nodevigil.io/first-ready-at"
 
 	// TaintRemediating keeps new pods off a node being remediated. It is added together with
 	// the cordon so a scheduler that ignores unschedulable (DaemonSets tolerate it) still

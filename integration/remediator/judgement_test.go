@@ -1,0 +1,323 @@
+package remediator_test
+
+// The remediator's judgement on the real control plane (issue 10, items 1, 2, 3 and 7): an
+// agent condition alone never kills a node, node clocks never matter, the startup deadline is
+// only for nodes that never became ready, and a cluster without agent Leases is reported and
+// left alone. Every negative ("nothing happens") is polled over a window measured against the
+// toleration it must outlast, next to a positive control that shows the remediator acting in
+// the same run, so each test can fail.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+)
+
+const (
+	firstReadyKey = "nodevigil.io/first-ready-at"
+	startupTaint  = "readiness.k8s.io/nodevigil-agent-not-ready"
+	// staleAfter is when a Lease the remediator stops seeing change is stale: its duration
+	// plus a quarter.
+	staleAfter = leaseSeconds * time.Second * 5 / 4
+)
+
+// setCondition writes a Node condition as the agent does: a strategic merge keyed by type.
+func (e *env) setCondition(n *simNode, typ, status, reason string) {
+	e.t.Helper()
+	now := time.Now().UTC().Format(time.RFC3339)
+	body := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":%q,"reason":%q,"message":"set by the test","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`,
+		typ, status, reason, now, now)
+	if _, err := e.client.CoreV1().Nodes().PatchStatus(e.t.Context(), n.name, []byte(body)); err != nil {
+		e.t.Fatalf("set condition %s on %s: %v", typ, n.name, err)
+	}
+}
+
+// addTaint adds a NoSchedule taint with key to the node, as the agent does with its startup
+// taint.
+func (e *env) addTaint(n *simNode, key string) {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		obj, err := e.node(n.name)
+		if err != nil {
+			return err
+		}
+		obj.Spec.Taints = append(obj.Spec.Taints, corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule})
+		_, err = e.client.CoreV1().Nodes().Update(e.t.Context(), obj, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("taint %s: %v", n.name, err)
+	}
+}
+
+// waitFirstReady waits until the remediator has recorded each node ready once.
+func (e *env) waitFirstReady(nodes ...*simNode) {
+	e.t.Helper()
+	for _, n := range nodes {
+		e.eventually(n.name+" recorded first ready", 60*time.Second, func(ctx context.Context) (bool, error) {
+			obj, err := e.node(n.name)
+			return err == nil && obj.Annotations[firstReadyKey] != "", nil
+		})
+	}
+}
+
+// touched reports why the remediator has acted on a node, or "".
+func (e *env) touched(n *simNode) string {
+	if got := e.terminations(n.instanceID); got > 0 {
+		return fmt.Sprintf("instance terminated %d times", got)
+	}
+	obj, err := e.node(n.name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return "node deleted"
+	case err != nil:
+		return ""
+	case obj.Annotations[stateKey] != "":
+		return "remediation state " + obj.Annotations[stateKey]
+	case obj.Spec.Unschedulable:
+		return "cordoned"
+	}
+	return ""
+}
+
+// untouchedUntil fails the test if the remediator acts on any of nodes before deadline, and
+// meanwhile polls progress (the positive control) until it reports done. It returns when both
+// the window is over and progress is done.
+func (e *env) untouchedUntil(deadline time.Time, progressTimeout time.Duration, progress func() bool, nodes ...*simNode) {
+	e.t.Helper()
+	giveUp := time.Now().Add(progressTimeout)
+	done := false
+	for {
+		for _, n := range nodes {
+			if why := e.touched(n); why != "" {
+				e.t.Fatalf("node %s was remediated: %s; events: %v", n.name, why, e.eventReasons(n.name))
+			}
+		}
+		if !done && progress() {
+			done = true
+		}
+		if done && !time.Now().Before(deadline) {
+			return
+		}
+		if !done && time.Now().After(giveUp) {
+			e.t.Fatalf("positive control did not happen within %s", progressTimeout)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// terminatedOnce waits until n's instance was terminated and its Node deleted, then checks
+// that exactly one TerminateInstances named it.
+func (e *env) terminatedOnce(n *simNode, timeout time.Duration) {
+	e.t.Helper()
+	e.eventually("TerminateInstances for "+n.name, timeout, func(context.Context) (bool, error) {
+		return e.terminations(n.instanceID) > 0, nil
+	})
+	e.eventually("the Node "+n.name+" deleted", timeout, func(ctx context.Context) (bool, error) {
+		_, err := e.node(n.name)
+		return apierrors.IsNotFound(err), nil
+	})
+	if got := e.terminations(n.instanceID); got != 1 {
+		e.t.Errorf("%s: instance terminated %d times, want exactly 1", n.name, got)
+	}
+}
+
+// Item 1: a kubelet the agent restarted locally keeps KubeletHealthy=False, but the kubelet
+// Lease renews and Ready stays True: two signals are needed, so the kubelet toleration never
+// starts. A silent node in the same pool is terminated meanwhile (the positive control).
+func TestAgentConditionAloneNeverTerminates(t *testing.T) {
+	e := newEnv(t)
+	restarted, silent := e.addNode("us-east-1a"), e.addNode("us-east-1a")
+	others := []*simNode{e.addNode("us-east-1a"), e.addNode("us-east-1a")}
+	const toleration = 4 * time.Second
+	policy := strings.Replace(terminatePolicy, "kubeletUnhealthy: 30s", "kubeletUnhealthy: "+toleration.String(), 1)
+	r := e.startReplica("replica-a", e.config(false, policy))
+	e.waitReady(r)
+	e.waitFirstReady(append(others, restarted, silent)...)
+
+	e.setCondition(restarted, "KubeletHealthy", "False", "KubeletRestarted")
+	start := time.Now()
+	silent.set(false, false)
+	// On the old judgement the restarted node was terminated one toleration after the
+	// condition turned False; watch three times as long, and past the positive control.
+	e.untouchedUntil(start.Add(3*toleration+staleAfter), 60*time.Second, func() bool {
+		return e.terminations(silent.instanceID) > 0
+	}, append(others, restarted)...)
+	if e.hasEvent(restarted.name, "KubeletUnhealthy") {
+		t.Errorf("KubeletUnhealthy event on a node whose kubelet Lease is fresh and Ready True; events: %v", e.eventReasons(restarted.name))
+	}
+	obj, err := e.node(restarted.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range obj.Status.Conditions {
+		if c.Type == "KubeletHealthy" && c.Status != corev1.ConditionFalse {
+			t.Errorf("the test's KubeletHealthy=False was overwritten: %+v", c)
+		}
+	}
+	e.terminatedOnce(silent, 60*time.Second)
+}
+
+// Item 2: node clocks 10 minutes ahead and behind change nothing while the Leases renew; when
+// they stop renewing, each node is terminated exactly once, whatever renewTime claims.
+func TestClockSkewNeverMatters(t *testing.T) {
+	e := newEnv(t)
+	skewed := func(d time.Duration) func(*simNode) { return func(n *simNode) { n.skew = d } }
+	ahead := e.addNode("us-east-1a", skewed(10*time.Minute))
+	behind := e.addNode("us-east-1a", skewed(-10*time.Minute))
+	others := []*simNode{e.addNode("us-east-1a"), e.addNode("us-east-1a")}
+	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
+	e.waitReady(r)
+	e.waitFirstReady(ahead, behind)
+	e.waitFirstReady(others...)
+
+	// The old judgement terminated the node 10 minutes behind as soon as it could: its Leases
+	// looked expired for ten minutes. Watch past lease staleness + silentNode toleration (3s),
+	// three times over.
+	start := time.Now()
+	e.untouchedUntil(start.Add(3*(staleAfter+3*time.Second)), time.Minute, func() bool { return true }, ahead, behind, others[0], others[1])
+
+	ahead.set(false, false)
+	behind.set(false, false)
+	e.terminatedOnce(ahead, 60*time.Second)
+	e.terminatedOnce(behind, 60*time.Second)
+	for _, n := range others {
+		if why := e.touched(n); why != "" {
+			t.Errorf("healthy node %s was remediated: %s", n.name, why)
+		}
+	}
+}
+
+// Item 3: a node that was ready once and gets its startup taint back (the agent re-adds it
+// after a failed check) is past startup for good: no StartupDeadlineExceeded, however old it
+// is. A node that never shed the taint is replaced at its deadline (the positive control).
+func TestStartupTaintBackOnReadyNodeIsNoStartupFailure(t *testing.T) {
+	e := newEnv(t)
+	const deadline = 6 * time.Second
+	policy := strings.Replace(terminatePolicy, "startupDeadline: 10m", "startupDeadline: "+deadline.String(), 1)
+	ready, neverReady := e.addNode("us-east-1a"), e.addNode("us-east-1a")
+	others := []*simNode{e.addNode("us-east-1a"), e.addNode("us-east-1a")}
+	e.addTaint(neverReady, startupTaint) // before the remediator ever sees it ready
+	r := e.startReplica("replica-a", e.config(false, policy))
+	e.waitReady(r)
+	e.waitFirstReady(append(others, ready)...)
+
+	// The never-ready node is replaced once its deadline passed: the deadline is live.
+	e.terminatedOnce(neverReady, 60*time.Second)
+	if !e.hasEvent(neverReady.name, "StartupDeadlineExceeded") {
+		t.Errorf("never-ready node terminated without a StartupDeadlineExceeded event: %v", e.eventReasons(neverReady.name))
+	}
+
+	obj, err := e.node(ready.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if age := time.Since(obj.CreationTimestamp.Time); age < deadline {
+		t.Fatalf("node %s is %s old, not past its startup deadline %s: the test proves nothing", ready.name, age, deadline)
+	}
+	e.addTaint(ready, startupTaint)
+	start := time.Now()
+	// The old judgement terminated it at once: past its deadline, carrying the taint.
+	e.untouchedUntil(start.Add(3*deadline), time.Minute, func() bool { return true }, append(others, ready)...)
+	if e.hasEvent(ready.name, "StartupDeadlineExceeded") {
+		t.Errorf("StartupDeadlineExceeded on a node that was ready; events: %v", e.eventReasons(ready.name))
+	}
+}
+
+// Item 7: the remediator looks for agent Leases where there are none (a wrong
+// agentNamespace). It says so on /readyz and in its metrics, and terminates nothing — neither
+// a node whose kubelet went silent nor one that kept its startup taint — instead of falling
+// back to single-signal remediation.
+func TestNoAgentLeasesIsLoudAndTerminatesNothing(t *testing.T) {
+	e := newEnv(t)
+	const (
+		deadline   = 5 * time.Second
+		toleration = 5 * time.Second
+	)
+	policy := strings.NewReplacer("startupDeadline: 10m", "startupDeadline: "+deadline.String(),
+		"kubeletUnhealthy: 30s", "kubeletUnhealthy: "+toleration.String()).Replace(terminatePolicy)
+	path := e.config(false, policy)
+	cfg, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := strings.Replace(string(cfg), "agentNamespace: "+e.ns, "agentNamespace: nodevigil-nowhere", 1)
+	if wrong == string(cfg) {
+		t.Fatal("could not point the config at a wrong agentNamespace")
+	}
+	if err := os.WriteFile(path, []byte(wrong), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	dead, tainted := e.addNode("us-east-1a"), e.addNode("us-east-1a")
+	others := []*simNode{e.addNode("us-east-1a"), e.addNode("us-east-1a")}
+	e.addTaint(tainted, startupTaint)
+	r := e.startReplica("replica-a", path)
+	e.waitReady(r)
+	start := time.Now()
+	dead.set(false, false)
+
+	// Positive: the misconfiguration is reported, on /readyz (still 200) and in the metrics.
+	e.eventually("the misconfiguration on /readyz and in the metrics", 30*time.Second, func(ctx context.Context) (bool, error) {
+		code, body := httpGet(ctx, r.metrics+"/readyz")
+		if code != http.StatusOK || !strings.Contains(body, "no nodevigil agent Lease seen for any of") || !strings.Contains(body, "nodevigil-nowhere") {
+			return false, nil
+		}
+		_, m := httpGet(ctx, r.metrics+"/metrics")
+		return metricValue(m, "nodevigil_remediator_agents_missing") == 1 && metricValue(m, "nodevigil_remediator_agent_leases") == 0, nil
+	})
+	// Negative: the old judgement terminated both after the startup deadline (and the dead
+	// one's kubelet toleration); watch well past both.
+	e.untouchedUntil(start.Add(2*(deadline+toleration+staleAfter)), time.Minute, func() bool { return true }, append(others, dead, tainted)...)
+	if !strings.Contains(r.proc.LogTail(1<<20), "no agent leases seen") {
+		t.Errorf("no log line about the missing agent leases; log:\n%s", r.proc.LogTail(40))
+	}
+	_, m := httpGet(t.Context(), r.metrics+"/metrics")
+	if v := metricValue(m, `nodevigil_remediator_nodes{reason="NoAgentLeases"}`); v < 4 {
+		t.Errorf("nodevigil_remediator_nodes{reason=\"NoAgentLeases\"} = %v, want the test's 4 nodes at least", v)
+	}
+}
+
+func httpGet(ctx context.Context, url string) (int, string) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metricValue returns the value of the first sample whose name (with labels, as printed)
+// equals series, or -1.
+func metricValue(body, series string) float64 {
+	for _, l := range strings.Split(body, "\n") {
+		name, val, ok := strings.Cut(l, " ")
+		if !ok || name != series {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			return -1
+		}
+		return v
+	}
+	return -1
+}

@@ -1,0 +1,220 @@
+package remediation
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
+)
+
+// This file is the observe step: what the remediator learns from watching, by its own clock.
+//
+// A Lease's renewTime is written with the node's clock, which may be minutes off, so the
+// remediator never compares it with its own time. Like kube-controller-manager's node
+// lifecycle controller (which keeps its own probe timestamp per node), it remembers for every
+// Lease when it last saw it change — its resourceVersion or its renewTime — and decide judges
+// the Lease stale when that was more than its duration plus a grace ago. The first sight of a
+// Lease counts as a change, and decide never measures from before the leader's own start, so a
+// new leader starts observing from zero.
+
+// leaseObserver remembers, per Lease name, when this replica last saw the Lease change. At
+// 10,000 nodes it holds two maps of 10,000 small entries (the key shares the cached Lease's
+// name; the value is 16 bytes). Entries go when the Lease or the Node is deleted.
+type leaseObserver struct {
+	mu   sync.Mutex
+	seen map[string]observation
+}
+
+// observation is one Lease's last observed change.
+type observation struct {
+	at int64  // UnixNano, the controller's clock
+	fp uint64 // fingerprint of resourceVersion and renewTime as then seen
+}
+
+func newLeaseObserver() *leaseObserver {
+	return &leaseObserver{seen: map[string]observation{}}
+}
+
+// fingerprint identifies a Lease's state: any write changes the resourceVersion, and a
+// renewal changes renewTime, whatever clock wrote it (even backwards).
+func fingerprint(l *coordinationv1.Lease) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(l.ResourceVersion))
+	var b [9]byte
+	if l.Spec.RenewTime != nil {
+		b[0] = 1
+		binary.LittleEndian.PutUint64(b[1:], uint64(l.Spec.RenewTime.UnixNano()))
+	}
+	_, _ = h.Write(b[:])
+	return h.Sum64()
+}
+
+// observe records l as seen at now. It returns whether l differs from what was last seen (a
+// first sight is a change) and when the previous change was seen (zero on first sight).
+func (o *leaseObserver) observe(l *coordinationv1.Lease, now time.Time) (changed bool, prev time.Time) {
+	fp := fingerprint(l)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	old, ok := o.seen[l.Name]
+	if ok {
+		prev = time.Unix(0, old.at)
+		if old.fp == fp {
+			return false, prev
+		}
+	}
+	o.seen[l.Name] = observation{at: now.UnixNano(), fp: fp}
+	return true, prev
+}
+
+// lastChange returns when the Lease named name was last seen changing; zero if never.
+func (o *leaseObserver) lastChange(name string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if ob, ok := o.seen[name]; ok {
+		return time.Unix(0, ob.at)
+	}
+	return time.Time{}
+}
+
+func (o *leaseObserver) forget(name string) {
+	o.mu.Lock()
+	delete(o.seen, name)
+	o.mu.Unlock()
+}
+
+func (o *leaseObserver) size() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.seen)
+}
+
+// leaseDuration is the Lease's own duration, or fallback.
+func leaseDuration(l *coordinationv1.Lease, fallback time.Duration) time.Duration {
+	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
+		return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	return fallback
+}
+
+// registerObserveMetrics registers the gauges of what is observed. They are computed when
+// scraped, so followers report them too.
+func (c *Controller) registerObserveMetrics() error {
+	const ns, sub = "nodevigil", "remediator"
+	for _, g := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "agent_leases",
+			Help: "Agent heartbeat Leases this replica sees (namespace agentNamespace, label " + LabelAgentNode + "). 0 with nodes in the cluster means the agents are missing or misconfigured.",
+		}, func() float64 { return float64(c.agentObs.size()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "agents_missing",
+			Help: "1 while no agent Lease exists for any node after the startup grace: a misconfiguration; under liveness TwoSignal nothing is remediated meanwhile.",
+		}, func() float64 {
+			if missing, _ := c.agentsMissing(c.clock.Now()); missing {
+				return 1
+			}
+			return 0
+		}),
+	} {
+		if err := c.registry.Register(g); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// minStartupGrace is the shortest startupGrace of any policy: how long after the informers
+// synced a cluster without a single agent Lease is called misconfigured.
+func (c *Controller) minStartupGrace() time.Duration {
+	g := c.rc.Policies[0].StartupGrace
+	for _, p := range c.rc.Policies[1:] {
+		g = min(g, p.StartupGrace)
+	}
+	return g
+}
+
+// agentsMissing reports whether, past the startup grace since the caches synced, nodes exist
+// but not one agent Lease does, and says what to check.
+func (c *Controller) agentsMissing(now time.Time) (bool, string) {
+	synced := c.syncedAt.Load()
+	if synced == 0 || c.agentObs.size() > 0 {
+		return false, ""
+	}
+	since := time.Unix(0, synced)
+	if now.Sub(since) < c.minStartupGrace() {
+		return false, ""
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	if err != nil || len(nodes) == 0 {
+		return false, ""
+	}
+	var single []string
+	for _, p := range c.rc.Policies {
+		if p.Liveness == config.LivenessSingleSignal {
+			single = append(single, p.Name)
+		}
+	}
+	msg := fmt.Sprintf("no nodevigil agent Lease seen for any of %d nodes since %s: check that the agent DaemonSet runs and that agentNamespace (%q) and the Lease label %s match it; "+
+		"policies with liveness TwoSignal remediate nothing meanwhile", len(nodes), since.UTC().Format(time.RFC3339), c.rc.AgentNamespace, LabelAgentNode)
+	if len(single) > 0 {
+		msg += fmt.Sprintf(" (policies with liveness SingleSignal still act on the kubelet alone: %v)", single)
+	}
+	return true, msg
+}
+
+// checkAgents logs when the agents-missing misconfiguration begins and ends; the leader calls
+// it on every census tick.
+func (c *Controller) checkAgents(now time.Time) {
+	missing, msg := c.agentsMissing(now)
+	if c.agentsMissingLogged.Swap(missing) == missing {
+		return
+	}
+	if missing {
+		c.log.Error("no agent leases seen", "reason", decide.ReasonNoAgentLeases, "agent_namespace", c.rc.AgentNamespace, "message", msg)
+		return
+	}
+	c.log.Info("agent leases seen", "agent_namespace", c.rc.AgentNamespace, "leases", c.agentObs.size())
+}
+
+// recordFirstReady writes the first-ready annotation on a node decide saw ready for the first
+// time. It is bookkeeping, not remediation (dry-run records it too, so that going live later
+// does not treat every node as never ready), and written once: a node that carries it is never
+// patched again. The patch carries no resourceVersion: only this annotation changes.
+func (c *Controller) recordFirstReady(ctx context.Context, node *corev1.Node, now time.Time) error {
+	if decide.FirstReady(node) {
+		return nil
+	}
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		decide.AnnotationFirstReady: now.UTC().Format(time.RFC3339),
+	}}})
+	if err != nil {
+		return fmt.Errorf("encode first-ready patch: %w", err)
+	}
+	if _, err := c.client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: Component}); err != nil {
+		return fmt.Errorf("record first ready on node %s: %w", node.Name, err)
+	}
+	c.log.Debug("node first ready", "node", node.Name)
+	return nil
+}
+
+// readyzDetail is the warning /readyz adds to its body, or "".
+func (c *Controller) readyzDetail() []string {
+	var out []string
+	if missing, msg := c.agentsMissing(c.clock.Now()); missing {
+		out = append(out, "warning: "+msg)
+	}
+	return slices.Clip(out)
+}

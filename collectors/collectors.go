@@ -47,6 +47,10 @@ type Result struct {
 	// Inputs lists every value the verdict was computed from and the threshold it was compared
 	// with, for `nodevigil-agent check --explain`. Optional; never written to the Node.
 	Inputs []Input `json:"inputs,omitempty"`
+	// Disrupted is the latest time the check saw its subject down, failing or restarting,
+	// including between two runs (the kubelet check follows systemd's signals). Zero when
+	// never. The startup-taint stability window restarts from it. Never serialised.
+	Disrupted time.Time `json:"-"`
 	// Err is set when the check failed to observe (as opposed to observing a problem). It is
 	// counted in the agent's error metric and logged; it is never serialised.
 	Err error `json:"-"`
@@ -64,6 +68,16 @@ type Input struct {
 	// Threshold is the limit the value was compared with, with the comparison
 	// ("> 10%", "< 5% of MemTotal"); empty when the value is informational.
 	Threshold string `json:"threshold,omitempty"`
+}
+
+// Prior is what a previous run of the agent last reported for a check (read back from the
+// Node's condition), so a check that keeps state between runs (hysteresis, debouncing) can
+// resume from it after a restart instead of starting from "healthy". Since is when that status
+// began (the condition's lastTransitionTime).
+type Prior struct {
+	Status Status
+	Reason string
+	Since  time.Time
 }
 
 // IsHealthy reports whether s counts as healthy for conditions, gating and exit codes: Healthy

@@ -92,6 +92,19 @@ func StatusFor(s collectors.Status) v1.ConditionStatus {
 	}
 }
 
+// CheckStatusFor maps a condition status back onto a check verdict (the inverse of StatusFor,
+// Warning folding into Healthy), for seeding checks from the conditions a previous agent wrote.
+func CheckStatusFor(s v1.ConditionStatus) collectors.Status {
+	switch s {
+	case v1.ConditionTrue:
+		return collectors.StatusHealthy
+	case v1.ConditionFalse:
+		return collectors.StatusUnhealthy
+	default:
+		return collectors.StatusUnknown
+	}
+}
+
 // MaxMessageLength bounds a condition message so a verbose check cannot bloat the Node object
 // every watcher of Nodes in the cluster receives.
 const MaxMessageLength = 1024

@@ -1,9 +1,12 @@
 package memory
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestParseOOMKills(t *testing.T) {
@@ -47,4 +50,19 @@ func FuzzParseOOMKills(f *testing.F) {
 			t.Fatalf("value %d with error %v", n, err)
 		}
 	})
+}
+
+func TestOOMKillsMetric(t *testing.T) {
+	c, err := New(Config{HostRoot: "testdata/hosts/pressure-lowmem", Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(c); n != 0 {
+		t.Errorf("%d metrics before the first read, want 0", n)
+	}
+	c.Check(context.Background())
+	want := "# HELP nodevigil_memory_oom_kills_total Processes killed by the kernel OOM killer since the node booted (oom_kill in /proc/vmstat), as last read by the memory check.\n# TYPE nodevigil_memory_oom_kills_total counter\nnodevigil_memory_oom_kills_total 4\n"
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
 }

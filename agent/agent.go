@@ -51,6 +51,15 @@ type Checker interface {
 	Check(ctx context.Context) collectors.Result
 }
 
+// Seeder is implemented by checks that keep state between runs (hysteresis, debouncing). The
+// agent calls Seed once, before the check's first run when the Node can be read, with what the
+// previous agent last reported (the check's condition on the Node), so a restart (or an OOM
+// kill of the agent itself) during an incident keeps the verdict and its transition time
+// instead of starting from "healthy" (design §8: a restart forgets nothing that matters).
+type Seeder interface {
+	Seed(prior collectors.Prior)
+}
+
 // Repairer restarts a failed kubelet locally. It is given the latest kubelet result each
 // cycle and applies its own backoff and hourly cap; the agent records what it did.
 type Repairer interface {
@@ -73,6 +82,8 @@ const (
 	RepairBackoffActive    = "BackoffActive"
 	RepairHourlyCapReached = "HourlyCapReached"
 	RepairNotNeeded        = "NotNeeded"
+	// RepairOperatorStopped: the unit was stopped on purpose; it is reported, never restarted.
+	RepairOperatorStopped = "OperatorStopped"
 )
 
 // Event reasons recorded on the Node by the agent itself (the taints package records its own).
@@ -83,6 +94,9 @@ const (
 	ReasonKubeletRestartFailed = "KubeletRestartFailed"
 	// ReasonKubeletRepairCapReached: the hourly restart cap stops local repair (Warning).
 	ReasonKubeletRepairCapReached = "KubeletRepairCapReached"
+	// ReasonKubeletStoppedByOperator: the kubelet unit was stopped on purpose and local repair
+	// leaves it stopped (Warning, once per episode).
+	ReasonKubeletStoppedByOperator = "KubeletStoppedByOperator"
 )
 
 // Defaults.
@@ -197,6 +211,12 @@ type Agent struct {
 	// last is the last result per check, for logging transitions; only the loop touches it.
 	last       map[string]collectors.Result
 	lastRepair string
+	// seeded is true once the checks were seeded from the Node (or seeding was given up
+	// because the conditions were already reported); only the loop touches it.
+	seeded bool
+	// repairCh hands the latest kubelet result to the repair worker (capacity one: a newer
+	// result replaces one not yet taken).
+	repairCh chan collectors.Result
 }
 
 // New validates cfg, fills defaults and builds the agent's parts. It does no I/O.
@@ -247,10 +267,11 @@ func New(cfg Config) (*Agent, error) {
 	}
 
 	a := &Agent{
-		cfg:     cfg,
-		nodeRef: &v1.ObjectReference{Kind: "Node", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)},
-		running: map[string]*atomic.Bool{},
-		last:    map[string]collectors.Result{},
+		cfg:      cfg,
+		nodeRef:  &v1.ObjectReference{Kind: "Node", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)},
+		running:  map[string]*atomic.Bool{},
+		last:     map[string]collectors.Result{},
+		repairCh: make(chan collectors.Result, 1),
 	}
 	for _, c := range cfg.Checks {
 		name := c.Name()
@@ -325,7 +346,7 @@ func (a *Agent) registerMetrics() error {
 	}, []string{"check"})
 	a.repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "nodevigil_agent_kubelet_repair_attempts_total",
-		Help: "Local kubelet repair decisions other than NotNeeded, by result (Restarted, RestartFailed, BackoffActive, HourlyCapReached, Other, error).",
+		Help: "Local kubelet repair decisions other than NotNeeded, by result (Restarted, RestartFailed, BackoffActive, HourlyCapReached, OperatorStopped, Other, error).",
 	}, []string{"result"})
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nodevigil_build_info",
@@ -344,6 +365,14 @@ func (a *Agent) registerMetrics() error {
 	}
 	for name := range a.running {
 		a.checkErrors.WithLabelValues(name)
+	}
+	// Checks may export their own metrics (the memory check's kernel OOM-kill counter).
+	for _, c := range a.cfg.Checks {
+		if pc, ok := c.(prometheus.Collector); ok {
+			if err := a.cfg.Registry.Register(pc); err != nil {
+				return fmt.Errorf("agent: register metrics of check %s: %w", c.Name(), err)
+			}
+		}
 	}
 	return nil
 }
@@ -415,6 +444,9 @@ func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 		defer wg.Done()
 		a.lease.Run(ctx)
 	}()
+	if a.cfg.Repairer != nil {
+		wg.Go(func() { a.repairLoop(ctx) })
+	}
 	log.Info("agent started", "listen_address", ln.Addr().String(), "checks", len(a.cfg.Checks),
 		"kubelet_repair", a.cfg.Repairer != nil)
 
@@ -441,8 +473,49 @@ func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
+// seed reads the Node once and hands each Seeder its check's condition, before the checks'
+// first run. When the Node cannot be read it is tried again before the next cycles, until the
+// conditions were reported (from then on the checks' own state is newer than the Node's).
+func (a *Agent) seed(ctx context.Context) {
+	if a.seeded {
+		return
+	}
+	if a.conditions.Reported() {
+		a.seeded = true
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.cfg.APITimeout)
+	defer cancel()
+	node, err := a.cfg.Nodes.Get(cctx, a.cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		a.cfg.Logger.Warn("read node to seed checks failed; checks start from healthy", "node", a.cfg.NodeName, "err", err)
+		return
+	}
+	a.seeded = true
+	for _, c := range a.cfg.Checks {
+		s, ok := c.(Seeder)
+		if !ok {
+			continue
+		}
+		t, ok := conditions.TypeForCheck(c.Name())
+		if !ok {
+			continue
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type != t {
+				continue
+			}
+			prior := collectors.Prior{Status: conditions.CheckStatusFor(cond.Status), Reason: cond.Reason, Since: cond.LastTransitionTime.Time}
+			s.Seed(prior)
+			a.cfg.Logger.Debug("check seeded from node condition", "node", a.cfg.NodeName, "check", c.Name(),
+				"status", string(prior.Status), "reason", prior.Reason)
+		}
+	}
+}
+
 // cycle runs every check once and hands the results to the consumers.
 func (a *Agent) cycle(ctx context.Context) {
+	a.seed(ctx)
 	results := a.RunChecks(ctx)
 	if ctx.Err() != nil {
 		return
@@ -457,8 +530,37 @@ func (a *Agent) cycle(ctx context.Context) {
 	if a.cfg.Repairer != nil {
 		for _, r := range results {
 			if r.Check == repairCheck {
-				a.repair(ctx, r)
+				a.queueRepair(r)
 			}
+		}
+	}
+}
+
+// queueRepair hands r to the repair worker without waiting: a restart can take minutes
+// (systemd's start timeout), and the check loop, the conditions and the taints must not stall
+// behind it. A result the worker has not taken yet is replaced by the newer one.
+func (a *Agent) queueRepair(r collectors.Result) {
+	for {
+		select {
+		case a.repairCh <- r:
+			return
+		default:
+		}
+		select {
+		case <-a.repairCh:
+		default:
+		}
+	}
+}
+
+// repairLoop runs the repairer on the latest kubelet result until ctx is done.
+func (a *Agent) repairLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-a.repairCh:
+			a.repair(ctx, r)
 		}
 	}
 }
@@ -545,7 +647,7 @@ func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func(
 		r.Time = now()
 	}
 	switch r.Status {
-	case collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown:
+	case collectors.StatusHealthy, collectors.StatusWarning, collectors.StatusUnhealthy, collectors.StatusUnknown:
 	default:
 		r.Status = collectors.StatusUnknown
 	}
@@ -556,7 +658,7 @@ func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func(
 // change, not every cycle.
 func (a *Agent) observe(results []collectors.Result) {
 	for _, r := range results {
-		for _, s := range []collectors.Status{collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown} {
+		for _, s := range []collectors.Status{collectors.StatusHealthy, collectors.StatusWarning, collectors.StatusUnhealthy, collectors.StatusUnknown} {
 			v := 0.0
 			if r.Status == s {
 				v = 1
@@ -573,7 +675,7 @@ func (a *Agent) observe(results []collectors.Result) {
 			continue
 		}
 		level := slog.LevelInfo
-		if r.Status != collectors.StatusHealthy {
+		if !r.Status.IsHealthy() {
 			level = slog.LevelWarn
 		}
 		if notSupported {
@@ -606,7 +708,7 @@ func (a *Agent) repair(ctx context.Context, kubelet collectors.Result) {
 	switch out.Reason {
 	case RepairNotNeeded, "":
 		return
-	case RepairRestarted, RepairRestartFailed, RepairBackoffActive, RepairHourlyCapReached:
+	case RepairRestarted, RepairRestartFailed, RepairBackoffActive, RepairHourlyCapReached, RepairOperatorStopped:
 		a.repairs.WithLabelValues(out.Reason).Inc()
 	default:
 		a.repairs.WithLabelValues("Other").Inc()
@@ -624,6 +726,10 @@ func (a *Agent) repair(ctx context.Context, kubelet collectors.Result) {
 		log.Warn("kubelet restart failed", "reason", out.Reason, "attempt", out.Attempt)
 		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonKubeletRestartFailed,
 			"Restarting the kubelet unit failed (attempt %d, %s); next attempt allowed at %s", out.Attempt, out.Reason, next)
+	case out.Reason == RepairOperatorStopped && prev != RepairOperatorStopped:
+		log.Warn("kubelet unit stopped by an operator; not restarting it", "reason", kubelet.Reason)
+		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonKubeletStoppedByOperator,
+			"The kubelet unit was stopped on purpose (inactive with a clean result); local repair leaves it stopped: %s", kubelet.Message)
 	case out.Reason == RepairHourlyCapReached && prev != RepairHourlyCapReached:
 		log.Warn("kubelet repair cap reached", "attempt", out.Attempt)
 		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonKubeletRepairCapReached,

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -354,10 +355,18 @@ func TestRepairRecordsEventsAndMetrics(t *testing.T) {
 		{RepairOutcome{Reason: RepairHourlyCapReached, Attempt: 3}, nil, nil}, // once per episode
 		{RepairOutcome{}, errors.New("dbus: connection refused"), []string{"Warning " + ReasonKubeletRestartFailed}},
 		{RepairOutcome{Reason: RepairNotNeeded}, nil, nil},
+		{RepairOutcome{Reason: RepairOperatorStopped}, nil, []string{"Warning " + ReasonKubeletStoppedByOperator}},
+		{RepairOutcome{Reason: RepairOperatorStopped}, nil, nil}, // once per episode
 	}
 	for i, st := range steps {
 		rep.out, rep.err = st.out, st.err
 		h.agent.cycle(ctx)
+		select {
+		case r := <-h.agent.repairCh: // what the repair worker would take
+			h.agent.repair(ctx, r)
+		default:
+			t.Fatalf("step %d: the cycle queued no kubelet result for repair", i)
+		}
 		got := drain()
 		if len(got) != len(st.wantEvents) {
 			t.Fatalf("step %d: events %q, want %q", i, got, st.wantEvents)
@@ -371,11 +380,71 @@ func TestRepairRecordsEventsAndMetrics(t *testing.T) {
 	if rep.calls != len(steps) {
 		t.Errorf("repairer called %d times, want %d", rep.calls, len(steps))
 	}
-	for res, want := range map[string]float64{RepairRestarted: 1, RepairBackoffActive: 1, RepairRestartFailed: 1, RepairHourlyCapReached: 2, "error": 1} {
+	for res, want := range map[string]float64{RepairRestarted: 1, RepairBackoffActive: 1, RepairRestartFailed: 1, RepairHourlyCapReached: 2, RepairOperatorStopped: 2, "error": 1} {
 		if got := testutil.ToFloat64(h.agent.repairs.WithLabelValues(res)); got != want {
 			t.Errorf("repair_attempts{result=%s} = %v, want %v", res, got, want)
 		}
 	}
+}
+
+// blockingRepairer blocks in Repair until release is closed, like a restart job waiting out
+// systemd's start timeout.
+type blockingRepairer struct {
+	started chan struct{}
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func (b *blockingRepairer) Repair(ctx context.Context, _ collectors.Result) (RepairOutcome, error) {
+	if b.calls.Add(1) == 1 {
+		close(b.started)
+	}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+	}
+	return RepairOutcome{Attempted: true, Reason: RepairRestarted, Attempt: 1}, nil
+}
+
+// TestRepairDoesNotStallTheLoop: a restart that takes minutes runs beside the check loop; the
+// cycles (conditions, taints) go on, and the worker then repairs from the latest result.
+func TestRepairDoesNotStallTheLoop(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rep := &blockingRepairer{started: make(chan struct{}), release: make(chan struct{})}
+	h := newHarness(t, func(c *Config) { c.Repairer = rep })
+	h.checks["kubelet"].set(collectors.StatusUnhealthy, "KubeletUnitFailed", nil)
+	done := make(chan struct{})
+	go func() { defer close(done); h.agent.repairLoop(ctx) }()
+
+	h.agent.cycle(ctx)
+	select {
+	case <-rep.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("repair worker never called the repairer")
+	}
+	finished := make(chan struct{})
+	go func() {
+		for range 3 {
+			h.agent.cycle(ctx)
+		}
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatal("check cycles stalled behind a running kubelet restart")
+	}
+	close(rep.release)
+	deadline := time.Now().Add(10 * time.Second)
+	for rep.calls.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := rep.calls.Load(); got != 2 {
+		t.Errorf("repairer called %d times, want 2 (the running one, then the latest queued result once)", got)
+	}
+	cancel()
+	<-done
 }
 
 func TestNewRejectsGatingCheckWithoutChecker(t *testing.T) {
@@ -521,4 +590,48 @@ func TestNewRequiresClients(t *testing.T) {
 	if _, err := New(cfg); err != nil {
 		t.Errorf("New with Recorder and no Events: %v", err)
 	}
+}
+
+// seedingCheck is a fakeCheck that records what it was seeded with.
+type seedingCheck struct {
+	*fakeCheck
+	priors []collectors.Prior
+}
+
+func (s *seedingCheck) Seed(p collectors.Prior) { s.priors = append(s.priors, p) }
+
+// TestSeedsChecksFromNodeConditions: before the first check runs, a restarted agent hands each
+// stateful check the condition a previous agent left on the Node, once.
+func TestSeedsChecksFromNodeConditions(t *testing.T) {
+	ctx := context.Background()
+	since := metav1.NewTime(t0.Add(-17 * time.Minute))
+	mem := &seedingCheck{fakeCheck: &fakeCheck{name: "memory"}}
+	mem.set(collectors.StatusUnhealthy, "MemoryPressure", nil)
+	h := newHarness(t, func(c *Config) { c.Checks[0] = mem })
+	n := h.node(t)
+	n.Status.Conditions = append(n.Status.Conditions, v1.NodeCondition{
+		Type: conditions.TypeMemoryHealthy, Status: v1.ConditionFalse, Reason: "MemoryPressure", LastTransitionTime: since,
+	})
+	if _, err := h.client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.agent.cycle(ctx)
+	h.agent.cycle(ctx)
+	want := collectors.Prior{Status: collectors.StatusUnhealthy, Reason: "MemoryPressure", Since: since.Time}
+	if len(mem.priors) != 1 || mem.priors[0].Status != want.Status || mem.priors[0].Reason != want.Reason || !mem.priors[0].Since.Equal(want.Since) {
+		t.Fatalf("seeded with %+v, want once with %+v", mem.priors, want)
+	}
+	c := conditionOf(h.node(t), conditions.TypeMemoryHealthy)
+	if c == nil || c.Status != v1.ConditionFalse || !c.LastTransitionTime.Equal(&since) {
+		t.Errorf("MemoryHealthy after restart = %+v, want False since %v", c, since)
+	}
+}
+
+func conditionOf(n *v1.Node, t v1.NodeConditionType) *v1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == t {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
 }

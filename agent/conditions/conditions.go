@@ -83,12 +83,25 @@ func IsOwned(t v1.NodeConditionType) bool {
 // StatusFor maps a check verdict onto a condition status (positive polarity).
 func StatusFor(s collectors.Status) v1.ConditionStatus {
 	switch s {
-	case collectors.StatusHealthy:
+	case collectors.StatusHealthy, collectors.StatusWarning:
 		return v1.ConditionTrue
 	case collectors.StatusUnhealthy:
 		return v1.ConditionFalse
 	default:
 		return v1.ConditionUnknown
+	}
+}
+
+// CheckStatusFor maps a condition status back onto a check verdict (the inverse of StatusFor,
+// Warning folding into Healthy), for seeding checks from the conditions a previous agent wrote.
+func CheckStatusFor(s v1.ConditionStatus) collectors.Status {
+	switch s {
+	case v1.ConditionTrue:
+		return collectors.StatusHealthy
+	case v1.ConditionFalse:
+		return collectors.StatusUnhealthy
+	default:
+		return collectors.StatusUnknown
 	}
 }
 

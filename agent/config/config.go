@@ -61,18 +61,28 @@ const (
 	DefaultLeaseRenewInterval = 10 * time.Second
 	// DefaultLeaseRenewTimeout applies unless half the renew interval is shorter; then
 	// leaseRenewTimeout defaults to half the renew interval.
-	DefaultLeaseRenewTimeout    = 5 * time.Second
-	DefaultConditionHeartbeat   = 5 * time.Minute
-	DefaultTaintStabilityWindow = 10 * time.Second
-	DefaultOwnedTaint           = "readiness.k8s.io/nodevigil-agent-not-ready"
-	DefaultKubeletUnit          = "kubelet.service"
-	DefaultKubeletHealthzURL    = "http://127.0.0.1:10248/healthz"
-	DefaultCNIConfDir           = "/etc/cni/net.d"
-	DefaultCNIBinDir            = "/opt/cni/bin"
-	DefaultKubeAPIQPS           = 5
-	DefaultKubeAPIBurst         = 10
-	DefaultLogLevel             = "info"
-	DefaultLogFormat            = "json"
+	DefaultLeaseRenewTimeout  = 5 * time.Second
+	DefaultConditionHeartbeat = 5 * time.Minute
+	// DefaultTaintStabilityWindow is three default check intervals. EKS bootstrap restarts the
+	// kubelet at least once (AL2's bootstrap.sh and AL2023's nodeadm write the config and
+	// (re)start the unit; systemd's RestartSec=5 adds a 5 s gap when it exits early), and each
+	// restart takes the kubelet 5-15 s to answer /healthz again. 30 s covers one such
+	// restart-and-recover plus one more check, so a kubelet still settling is caught before
+	// the node is released; it delays scheduling by at most that long (docs/agent-verdicts.md).
+	DefaultTaintStabilityWindow = 30 * time.Second
+	// DefaultKubeletHealthzFailureThreshold is how many consecutive /healthz failures make the
+	// kubelet unhealthy: one slow answer during a GC pause or a garbage collection of images
+	// is not an outage.
+	DefaultKubeletHealthzFailureThreshold = 3
+	DefaultOwnedTaint                     = "readiness.k8s.io/nodevigil-agent-not-ready"
+	DefaultKubeletUnit                    = "kubelet.service"
+	DefaultKubeletHealthzURL              = "http://127.0.0.1:10248/healthz"
+	DefaultCNIConfDir                     = "/etc/cni/net.d"
+	DefaultCNIBinDir                      = "/opt/cni/bin"
+	DefaultKubeAPIQPS                     = 5
+	DefaultKubeAPIBurst                   = 10
+	DefaultLogLevel                       = "info"
+	DefaultLogFormat                      = "json"
 
 	// MaxKubeAPIQPS caps the per-node client rate: one agent per node times 5,000 nodes must
 	// stay a small share of the API server's capacity.
@@ -121,6 +131,12 @@ type Config struct {
 	Output string `json:"-"`
 	// Strict makes the check command treat Unknown results as failures.
 	Strict bool `json:"-"`
+	// OneShot is true for the check command: checks judge a single reading (no hysteresis,
+	// no debouncing), because there is no second one.
+	OneShot bool `json:"-"`
+	// Explain makes the check command print every input it read and the threshold it was
+	// compared with.
+	Explain bool `json:"-"`
 
 	// Namespace holds the agent's heartbeat Leases.
 	Namespace string `json:"namespace,omitempty"`
@@ -155,6 +171,12 @@ type Config struct {
 	KubeletUnit string `json:"kubeletUnit,omitempty"`
 	// KubeletHealthzURL is the kubelet's local health endpoint.
 	KubeletHealthzURL string `json:"kubeletHealthzURL,omitempty"`
+	// KubeletHealthzFailureThreshold is how many consecutive /healthz failures (while systemd
+	// shows the unit running) make the kubelet check Unhealthy. `check` always uses 1.
+	KubeletHealthzFailureThreshold int `json:"kubeletHealthzFailureThreshold,omitempty"`
+	// Memory holds the memory check's thresholds; zero fields keep the defaults documented in
+	// docs/agent-verdicts.md.
+	Memory MemoryConfig `json:"memory,omitempty"`
 	// CNIConfDir is the CNI configuration directory as seen on the host.
 	CNIConfDir string `json:"cniConfDir,omitempty"`
 	// CNIBinDir is the CNI plugin directory as seen on the host.
@@ -171,28 +193,85 @@ type Config struct {
 	LogFormat string `json:"logFormat,omitempty"`
 }
 
+// MemoryConfig is the memory check's part of the config file (see collectors/memory.Config).
+type MemoryConfig struct {
+	// PSIFullEnterPercent is the PSI "full" level at or above which stalls count (default 25).
+	PSIFullEnterPercent float64 `json:"psiFullEnterPercent,omitempty"`
+	// PSIFullExitPercent is the PSI "full" level below which stalls are over (default 10).
+	PSIFullExitPercent float64 `json:"psiFullExitPercent,omitempty"`
+	// AvailableLowPercent and AvailableLowMiB: PSI counts only while MemAvailable is below the
+	// smaller of the two (defaults 10 % and 2048 MiB).
+	AvailableLowPercent float64 `json:"availableLowPercent,omitempty"`
+	AvailableLowMiB     uint64  `json:"availableLowMiB,omitempty"`
+	// AvailableCriticalPercent and AvailableCriticalMiB: MemAvailable below the smaller of the
+	// two is pressure whatever PSI says (defaults 5 % and 1024 MiB).
+	AvailableCriticalPercent float64 `json:"availableCriticalPercent,omitempty"`
+	AvailableCriticalMiB     uint64  `json:"availableCriticalMiB,omitempty"`
+	// AvailableClearPercent and AvailableClearMiB: the critical shortage is over at or above
+	// the smaller of the two (defaults 10 % and 2048 MiB).
+	AvailableClearPercent float64 `json:"availableClearPercent,omitempty"`
+	AvailableClearMiB     uint64  `json:"availableClearMiB,omitempty"`
+	// EnterAfter and ExitAfter are the hysteresis durations (defaults 30s and 2m).
+	EnterAfter metav1.Duration `json:"enterAfter,omitempty"`
+	ExitAfter  metav1.Duration `json:"exitAfter,omitempty"`
+}
+
+// CheckUsageHeader is the head of `nodevigil-agent check -h`: what the command prints and its
+// exit codes, before the flags.
+const CheckUsageHeader = `Usage: nodevigil-agent check [flags]
+
+Runs every check once against the host mounted at --host-root, without a cluster, prints
+one verdict per check and exits. Nothing is written anywhere; logs go to stderr only and
+are quiet (--log-level=error) unless asked for.
+
+Statuses:
+  Healthy    observed and fine
+  Warning    observed and working, with a configuration advisory (e.g. the agent's own
+             startup taint is not registered although nothing requires it)
+  Unhealthy  observed and not fine (the node needs attention)
+  Unknown    could not be observed; the message says what was missing and which mount
+             or flag provides it
+
+Output (--output):
+  text  a table: CHECK STATUS REASON MESSAGE
+  json  an array of {"check","status","reason","message"} objects, plus "inputs" with
+        --explain
+
+--explain adds, under each check, every input read (value and source) and the threshold
+it was compared with.
+
+Exit codes:
+  0  no check is Unhealthy (Healthy, Warning and Unknown results; Unknown ones are also
+     named on stderr)
+  1  at least one check is Unhealthy, or Unknown with --strict
+  2  usage or configuration error (reported once on stderr)
+
+Flags:
+`
+
 // Default returns the built-in configuration, before environment, file and flags.
 func Default() *Config {
 	return &Config{
-		Namespace:            DefaultNamespace,
-		HostRoot:             DefaultHostRoot,
-		ListenAddress:        DefaultListenAddress,
-		CheckInterval:        metav1.Duration{Duration: DefaultCheckInterval},
-		LeaseDuration:        metav1.Duration{Duration: DefaultLeaseDuration},
-		LeaseRenewInterval:   metav1.Duration{Duration: DefaultLeaseRenewInterval},
-		ConditionHeartbeat:   metav1.Duration{Duration: DefaultConditionHeartbeat},
-		OwnedTaints:          []string{DefaultOwnedTaint},
-		GatingChecks:         append([]string(nil), DefaultGatingChecks...),
-		TaintStabilityWindow: metav1.Duration{Duration: DefaultTaintStabilityWindow},
-		KubeletUnit:          DefaultKubeletUnit,
-		KubeletHealthzURL:    DefaultKubeletHealthzURL,
-		CNIConfDir:           DefaultCNIConfDir,
-		CNIBinDir:            DefaultCNIBinDir,
-		KubeAPIQPS:           DefaultKubeAPIQPS,
-		KubeAPIBurst:         DefaultKubeAPIBurst,
-		LogLevel:             DefaultLogLevel,
-		LogFormat:            DefaultLogFormat,
-		Output:               OutputText,
+		Namespace:                      DefaultNamespace,
+		HostRoot:                       DefaultHostRoot,
+		ListenAddress:                  DefaultListenAddress,
+		CheckInterval:                  metav1.Duration{Duration: DefaultCheckInterval},
+		LeaseDuration:                  metav1.Duration{Duration: DefaultLeaseDuration},
+		LeaseRenewInterval:             metav1.Duration{Duration: DefaultLeaseRenewInterval},
+		ConditionHeartbeat:             metav1.Duration{Duration: DefaultConditionHeartbeat},
+		OwnedTaints:                    []string{DefaultOwnedTaint},
+		GatingChecks:                   append([]string(nil), DefaultGatingChecks...),
+		TaintStabilityWindow:           metav1.Duration{Duration: DefaultTaintStabilityWindow},
+		KubeletUnit:                    DefaultKubeletUnit,
+		KubeletHealthzURL:              DefaultKubeletHealthzURL,
+		KubeletHealthzFailureThreshold: DefaultKubeletHealthzFailureThreshold,
+		CNIConfDir:                     DefaultCNIConfDir,
+		CNIBinDir:                      DefaultCNIBinDir,
+		KubeAPIQPS:                     DefaultKubeAPIQPS,
+		KubeAPIBurst:                   DefaultKubeAPIBurst,
+		LogLevel:                       DefaultLogLevel,
+		LogFormat:                      DefaultLogFormat,
+		Output:                         OutputText,
 	}
 }
 
@@ -234,11 +313,18 @@ func Load(mode Mode, src Source) (*Config, error) {
 	src.fill()
 
 	// Pass 1: learn the config file path (and report flag syntax errors with usage).
+	// The flag package prints a parse error and the whole usage itself; the caller reports the
+	// error once instead, so the flag set is silent except for the usage asked for with -h.
 	probe := base(src, mode)
 	fs := newFlagSet(mode, probe)
-	fs.SetOutput(src.Output)
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(src.Args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(src.Output)
+			fs.Usage()
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w (run with -h for the flags)", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q; all options are flags (see -h)", fs.Arg(0))
@@ -283,7 +369,9 @@ func (c *Config) deriveDefaults() {
 func base(src Source, mode Mode) *Config {
 	cfg := Default()
 	if mode == ModeCheck {
-		cfg.LogFormat = "text"
+		// Quiet by default: the verdicts are the output; logs (stderr only) would repeat them.
+		cfg.LogFormat, cfg.LogLevel = "text", "error"
+		cfg.OneShot = true
 	}
 	cfg.NodeName = src.Getenv("NODE_NAME")
 	if ns := src.Getenv("POD_NAMESPACE"); ns != "" {
@@ -340,6 +428,11 @@ func newFlagSet(mode Mode, c *Config) *flag.FlagSet {
 	if mode == ModeCheck {
 		fs.StringVar(&c.Output, "output", c.Output, "output format: text or json")
 		fs.BoolVar(&c.Strict, "strict", c.Strict, "treat Unknown results (could not observe) as failures: exit 1")
+		fs.BoolVar(&c.Explain, "explain", c.Explain, "also print every input each check read and the threshold it was compared with")
+		fs.Usage = func() {
+			fmt.Fprint(fs.Output(), CheckUsageHeader)
+			fs.PrintDefaults()
+		}
 		return fs
 	}
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "name of this Node (taken from $NODE_NAME); required")
@@ -409,6 +502,9 @@ func (c *Config) Validate(mode Mode) error {
 		add("logFormat %q is not supported; set --log-format to json or text", c.LogFormat)
 	}
 
+	if c.KubeletHealthzFailureThreshold < 0 {
+		add("kubeletHealthzFailureThreshold (%d) must not be negative; leave it unset for %d", c.KubeletHealthzFailureThreshold, DefaultKubeletHealthzFailureThreshold)
+	}
 	if mode == ModeCheck {
 		if c.Output != OutputText && c.Output != OutputJSON {
 			add("output %q is not supported; set --output to text or json", c.Output)

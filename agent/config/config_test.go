@@ -44,7 +44,7 @@ func TestDefaultsAndEnvironment(t *testing.T) {
 			}
 			if cfg.CheckInterval.Duration != 10*time.Second || cfg.CheckTimeout.Duration != 5*time.Second || cfg.LeaseRenewTimeout.Duration != 5*time.Second || cfg.LeaseDuration.Duration != 40*time.Second ||
 				cfg.LeaseRenewInterval.Duration != 10*time.Second || cfg.ConditionHeartbeat.Duration != 5*time.Minute ||
-				cfg.TaintStabilityWindow.Duration != 10*time.Second || cfg.ListenAddress != ":9736" ||
+				cfg.TaintStabilityWindow.Duration != 30*time.Second || cfg.ListenAddress != ":9736" ||
 				cfg.KubeAPIQPS != 5 || cfg.KubeAPIBurst != 10 || cfg.HostRoot != "/" || cfg.LogFormat != "json" {
 				t.Errorf("unexpected defaults: %+v", cfg)
 			}
@@ -284,5 +284,41 @@ current-context: x
 	cfg.Kubeconfig = filepath.Join(dir, "missing")
 	if _, err := cfg.RESTConfig("x"); err == nil {
 		t.Error("missing kubeconfig accepted")
+	}
+}
+
+// TestBadFlagReportedOnce: the flag package must not print its own error and usage; Load
+// returns one error that the command prints once.
+func TestBadFlagReportedOnce(t *testing.T) {
+	var out strings.Builder
+	s := src(nodeEnv)
+	s.Args = []string{"--no-such-flag"}
+	s.Output = &out
+	_, err := Load(ModeCheck, s)
+	if err == nil || !strings.Contains(err.Error(), "no-such-flag") || !strings.Contains(err.Error(), "-h") {
+		t.Fatalf("err = %v, want one naming the flag and pointing at -h", err)
+	}
+	if out.Len() != 0 {
+		t.Errorf("flag parsing wrote %q itself; the error must be reported once, by the caller", out.String())
+	}
+	out.Reset()
+	s.Args = []string{"-h"}
+	if _, err := Load(ModeCheck, s); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: err = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"Exit codes:", "0  no check is Unhealthy", "Warning", "--explain", "json"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("check -h lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestCheckIsQuietByDefault(t *testing.T) {
+	cfg, err := Load(ModeCheck, src(nodeEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.LogLevel != "error" {
+		t.Errorf("check log level %q, want error", cfg.LogLevel)
 	}
 }

@@ -229,6 +229,13 @@ func (m *Manager) Reconcile(ctx context.Context, results []collectors.Result) er
 	if m.stableSince.IsZero() {
 		m.stableSince = now
 	}
+	// A disruption a gating check saw between two runs (a kubelet restart signalled by
+	// systemd over D-Bus) restarts the window from when it happened.
+	if d := latestDisruption(results, m.cfg.GatingChecks); d.After(m.stableSince) && !m.released {
+		m.cfg.Logger.Info("startup taint stability window reset", "node", m.cfg.NodeName, "reason", "DisruptedBetweenChecks",
+			"duration", d.Sub(m.stableSince).String())
+		m.stableSince = d
+	}
 	if now.Sub(m.stableSince) < m.cfg.StabilityWindow {
 		return nil
 	}
@@ -236,6 +243,9 @@ func (m *Manager) Reconcile(ctx context.Context, results []collectors.Result) er
 		return nil
 	}
 	if err := m.remove(ctx, now); err != nil {
+		if errors.Is(err, errReadyFlapped) {
+			return nil
+		}
 		return err
 	}
 	m.released = true
@@ -256,7 +266,7 @@ func (m *Manager) gate(results []collectors.Result) (healthy bool, unhealthy *co
 		if !ok {
 			r = collectors.Result{Check: g, Status: collectors.StatusUnknown, Reason: "NoResult"}
 		}
-		if r.Status == collectors.StatusHealthy {
+		if r.Status.IsHealthy() {
 			continue
 		}
 		if healthy {
@@ -274,6 +284,45 @@ func (m *Manager) gate(results []collectors.Result) (healthy bool, unhealthy *co
 func (m *Manager) owned(key string) bool { return slices.Contains(m.cfg.OwnedKeys, key) }
 
 // remove strips the owned taints from the Node, retrying on conflict.
+// errReadyFlapped stops a removal because the Node's Ready condition changed within the
+// window (or is not True); the window has been restarted.
+var errReadyFlapped = errors.New("node Ready changed within the stability window")
+
+// latestDisruption returns the latest Disrupted time among the gating checks' results.
+func latestDisruption(results []collectors.Result, gating []string) time.Time {
+	var latest time.Time
+	for _, r := range results {
+		if slices.Contains(gating, r.Check) && r.Disrupted.After(latest) {
+			latest = r.Disrupted
+		}
+	}
+	return latest
+}
+
+// readyFlapped checks the kubelet's Ready condition before a first release: not True, or
+// turned True after the window began (a flap between two checks, caught through its
+// lastTransitionTime), restarts the window. A Node without Ready (no kubelet has posted
+// status yet) gives no evidence either way and does not block.
+func (m *Manager) readyFlapped(node *v1.Node, now time.Time) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type != v1.NodeReady {
+			continue
+		}
+		switch {
+		case c.Status != v1.ConditionTrue:
+			m.cfg.Logger.Info("startup taint stability window reset", "node", m.cfg.NodeName, "reason", "NodeNotReady")
+			m.stableSince = now
+			return true
+		case c.LastTransitionTime.After(m.stableSince):
+			m.cfg.Logger.Info("startup taint stability window reset", "node", m.cfg.NodeName, "reason", "ReadyFlapped",
+				"duration", c.LastTransitionTime.Sub(m.stableSince).String())
+			m.stableSince = c.LastTransitionTime.Time
+			return now.Sub(m.stableSince) < m.cfg.StabilityWindow
+		}
+	}
+	return false
+}
+
 func (m *Manager) remove(ctx context.Context, now time.Time) error {
 	var (
 		removed []string
@@ -287,6 +336,9 @@ func (m *Manager) remove(ctx context.Context, now time.Time) error {
 			return err
 		}
 		created = node.CreationTimestamp.Time
+		if !m.released && m.readyFlapped(node, now) {
+			return errReadyFlapped
+		}
 		keep, drop := Split(node.Spec.Taints, m.owned)
 		removed = drop
 		if len(drop) == 0 {

@@ -406,3 +406,55 @@ func TestNilRecorderDiscardsEvents(t *testing.T) {
 		t.Errorf("taints = %v released = %v, want none and released", n.Spec.Taints, m.Released())
 	}
 }
+
+// TestWindowResetsBetweenChecks: a kubelet restart that a gating check saw between two runs
+// (Result.Disrupted, from systemd's signals) and a Ready flap of the Node (its
+// lastTransitionTime) restart the window although every sampled result was Healthy.
+func TestWindowResetsBetweenChecks(t *testing.T) {
+	t.Run("disruption seen between checks", func(t *testing.T) {
+		h := newHarness(t, Config{}, ownTaint)
+		h.step(t, 0, gating(collectors.StatusHealthy, collectors.StatusHealthy))
+		r := gating(collectors.StatusHealthy, collectors.StatusHealthy)
+		r[0].Disrupted = t0.Add(7 * time.Second) // restarted and recovered between samples
+		h.step(t, 8*time.Second, r)
+		h.step(t, 8*time.Second, r) // 16s after the first sample, 9s after the restart
+		if !hasKey(h.taints(t), DefaultOwnedKey) {
+			t.Fatal("taint removed 9s after a kubelet restart with a 10s window")
+		}
+		h.step(t, 2*time.Second, r)
+		if hasKey(h.taints(t), DefaultOwnedKey) {
+			t.Fatal("taint kept a full window after the restart")
+		}
+	})
+	t.Run("Ready flapped between checks", func(t *testing.T) {
+		h := newHarness(t, Config{}, ownTaint)
+		setReady := func(s v1.ConditionStatus, at time.Time) {
+			n, err := h.client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: s, LastTransitionTime: metav1.NewTime(at)}}
+			if _, err := h.client.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setReady(v1.ConditionTrue, t0.Add(-time.Minute))
+		h.step(t, 0, gating(collectors.StatusHealthy, collectors.StatusHealthy))
+		setReady(v1.ConditionTrue, t0.Add(6*time.Second)) // False and back between samples
+		h.step(t, 10*time.Second, gating(collectors.StatusHealthy, collectors.StatusHealthy))
+		if !hasKey(h.taints(t), DefaultOwnedKey) {
+			t.Fatal("taint removed 4s after a Ready flap")
+		}
+		setReady(v1.ConditionFalse, t0.Add(12*time.Second))
+		h.step(t, 10*time.Second, gating(collectors.StatusHealthy, collectors.StatusHealthy))
+		if !hasKey(h.taints(t), DefaultOwnedKey) {
+			t.Fatal("taint removed while Ready is False")
+		}
+		setReady(v1.ConditionTrue, t0.Add(21*time.Second))
+		h.step(t, 5*time.Second, gating(collectors.StatusHealthy, collectors.StatusHealthy))
+		h.step(t, 6*time.Second, gating(collectors.StatusHealthy, collectors.StatusHealthy))
+		if hasKey(h.taints(t), DefaultOwnedKey) {
+			t.Fatal("taint kept a full window after Ready settled")
+		}
+	})
+}

@@ -114,14 +114,24 @@ type fakeSystemd struct {
 	conn  *godbus.Conn
 	props *prop.Properties
 
-	mu        sync.Mutex
-	restarts  []string // "unit mode" per RestartUnit call
-	resets    []string
-	jobID     uint32
-	jobResult string
+	mu            sync.Mutex
+	restarts      []string // "unit mode" per RestartUnit call
+	resets        []string
+	jobID         uint32
+	jobResult     string
+	withNRestarts bool
+	nrestarts     uint32
+	pid           uint32
 }
 
 func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
+	return startFakeSystemdWith(t, addr, true)
+}
+
+// startFakeSystemdWith starts the fake; withNRestarts false imitates systemd 219 (Amazon Linux
+// 2), whose Service interface has no NRestarts. Every property emits PropertiesChanged on
+// change, as systemd's do, so the collector's subscription sees transitions between checks.
+func startFakeSystemdWith(t testing.TB, addr string, withNRestarts bool) *fakeSystemd {
 	t.Helper()
 	conn, err := godbus.Connect(addr)
 	if err != nil {
@@ -132,18 +142,23 @@ func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
 	if err != nil || reply != godbus.RequestNameReplyPrimaryOwner {
 		t.Fatalf("fake systemd: request name: reply %v, err %v", reply, err)
 	}
-	f := &fakeSystemd{conn: conn, jobResult: "done"}
+	f := &fakeSystemd{conn: conn, jobResult: "done", withNRestarts: withNRestarts, pid: 1000}
+	service := map[string]*prop.Prop{
+		"Result":                 {Value: "success", Emit: prop.EmitTrue},
+		"MainPID":                {Value: uint32(1000), Emit: prop.EmitTrue},
+		"ExecMainStartTimestamp": {Value: uint64(1_700_000_000_000_000), Emit: prop.EmitTrue},
+	}
+	if withNRestarts {
+		service["NRestarts"] = &prop.Prop{Value: uint32(0), Emit: prop.EmitTrue}
+	}
 	f.props, err = prop.Export(conn, kubeletPath, prop.Map{
 		sdUnitIface: {
 			"Id":          {Value: "kubelet.service"},
 			"LoadState":   {Value: "loaded"},
-			"ActiveState": {Value: "active"},
-			"SubState":    {Value: "running"},
+			"ActiveState": {Value: "active", Emit: prop.EmitTrue},
+			"SubState":    {Value: "running", Emit: prop.EmitTrue},
 		},
-		sdServiceIface: {
-			"NRestarts": {Value: uint32(0)},
-			"Result":    {Value: "success"},
-		},
+		sdServiceIface: service,
 	})
 	if err != nil {
 		t.Fatalf("fake systemd: export properties: %v", err)
@@ -152,6 +167,7 @@ func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
 		"RestartUnit":     f.restartUnit,
 		"ResetFailedUnit": f.resetFailedUnit,
 		"GetUnit":         f.getUnit,
+		"Subscribe":       f.subscribe,
 	}, sdManagerPath, sdManagerIface)
 	if err != nil {
 		t.Fatalf("fake systemd: export manager: %v", err)
@@ -159,13 +175,52 @@ func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
 	return f
 }
 
-// set changes the unit as systemd would.
+// set changes the unit as systemd would: the Service properties first, then the Unit state
+// whose PropertiesChanged signal go-systemd forwards, so a reader woken by that signal sees
+// a consistent unit.
 func (f *fakeSystemd) set(active, sub, result string, nrestarts uint32) {
+	f.props.SetMust(sdServiceIface, "Result", result)
+	if f.withNRestarts {
+		f.props.SetMust(sdServiceIface, "NRestarts", nrestarts)
+	}
 	f.props.SetMust(sdUnitIface, "ActiveState", active)
 	f.props.SetMust(sdUnitIface, "SubState", sub)
-	f.props.SetMust(sdServiceIface, "Result", result)
-	f.props.SetMust(sdServiceIface, "NRestarts", nrestarts)
 }
+
+// crash imitates one automatic restart cycle of systemd between two checks: the main
+// process dies with result (exit-code, oom-kill), the unit waits in auto-restart
+// (RestartSec), then starts a new main process. Each step emits PropertiesChanged.
+func (f *fakeSystemd) crash(t testing.TB, result string, seen func() int) {
+	t.Helper()
+	f.mu.Lock()
+	f.nrestarts++
+	f.pid++
+	n, pid := f.nrestarts, f.pid
+	f.mu.Unlock()
+	before := seen()
+	f.props.SetMust(sdServiceIface, "MainPID", uint32(0))
+	f.set("activating", "auto-restart", result, n)
+	waitSeen(t, seen, before+1)
+	before = seen()
+	f.props.SetMust(sdServiceIface, "MainPID", pid)
+	f.props.SetMust(sdServiceIface, "ExecMainStartTimestamp", uint64(1_700_000_000_000_000)+uint64(pid))
+	f.set("active", "running", "success", n)
+	waitSeen(t, seen, before+1)
+}
+
+// waitSeen polls until the collector has folded in at least want signalled observations.
+func waitSeen(t testing.TB, seen func() int, want int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for seen() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("collector saw %d unit changes over D-Bus, want %d", seen(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (f *fakeSystemd) subscribe() *godbus.Error { return nil }
 
 func (f *fakeSystemd) getUnit(name string) (godbus.ObjectPath, *godbus.Error) {
 	if name != "kubelet.service" {
@@ -242,7 +297,7 @@ func TestDBusCollector(t *testing.T) {
 		{
 			name: "restart 3: loop", advance: time.Minute, set: func() { sd.set("active", "running", "success", 3) },
 			status: collectors.StatusUnhealthy, reason: ReasonKubeletRestartLoop,
-			message: "kubelet restarted 3 times in 3m0s (threshold 3 in 10m0s): kubelet.service active/running (NRestarts=3, Result=success)",
+			message: "kubelet restarted 3 times in 2m0s (threshold 3 in 10m0s): kubelet.service active/running (NRestarts=3, Result=success)",
 		},
 		{
 			name: "oom-killed and failed", advance: 15 * time.Minute, set: func() { sd.set("failed", "failed", "oom-kill", 3) },
@@ -251,7 +306,7 @@ func TestDBusCollector(t *testing.T) {
 		},
 		{
 			name: "stopped", advance: 15 * time.Minute, set: func() { sd.set("inactive", "dead", "success", 0) },
-			status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+			status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
 		},
 	}
 	for _, s := range steps {
@@ -437,5 +492,70 @@ func TestDialSystemdAbandonsHungHandshake(t *testing.T) {
 	case <-closed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the abandoned handshake connection was not closed")
+	}
+}
+
+// countingCollector wraps the collector's signal hook to count signalled observations.
+func countingCollector(t *testing.T, cfg Config) (*Collector, func() int) {
+	t.Helper()
+	c := newTestCollector(t, cfg, nil)
+	var mu sync.Mutex
+	n := 0
+	unit := c.units.(*systemdUnit)
+	inner := unit.onChange
+	unit.onChange = func(st unitState) {
+		inner(st)
+		mu.Lock()
+		n++
+		mu.Unlock()
+	}
+	return c, func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+// TestDBusSignalsBetweenChecks: with RestartSec=5 and a 10 s check interval, an OOM kill and
+// the automatic restart that follows both happen between two checks. Polling alone sees a
+// running unit and Result=success both times; the PropertiesChanged subscription sees the
+// kill and the restarts.
+func TestDBusSignalsBetweenChecks(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		withNRestarts bool
+	}{{"systemd with NRestarts", true}, {"systemd 219 without NRestarts", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := startBus(t, filepath.Join(socketDir(t), "bus.sock"))
+			sd := startFakeSystemdWith(t, addr, tc.withNRestarts)
+			hz := okHealthz(t)
+			clock := newFakeClock()
+			c, seen := countingCollector(t, Config{DBusAddress: addr, HealthzURL: hz.URL, Now: clock.Now, Timeout: 5 * time.Second})
+
+			res := c.Check(context.Background()) // connects and subscribes
+			if res.Reason != ReasonKubeletHealthy || !res.Disrupted.IsZero() {
+				t.Fatalf("first check: %s %q disrupted %v", res.Reason, res.Message, res.Disrupted)
+			}
+			clock.Step(10 * time.Second)
+			sd.crash(t, "oom-kill", seen)
+			clock.Step(time.Second)
+			res = c.Check(context.Background())
+			if res.Status != collectors.StatusUnhealthy || res.Reason != ReasonKubeletOOMKilled {
+				t.Fatalf("after an OOM kill between checks: %s/%s %q, want Unhealthy/%s", res.Status, res.Reason, res.Message, ReasonKubeletOOMKilled)
+			}
+			if res.Disrupted.IsZero() || res.Disrupted.After(clock.Now()) {
+				t.Errorf("Disrupted = %v, want the time of the kill", res.Disrupted)
+			}
+
+			// Two more crashes between checks: three restarts within the window are a loop,
+			// counted from NRestarts or, on systemd 219, from MainPID/start-time changes.
+			clock.Step(11 * time.Minute) // past the OOM memory
+			sd.crash(t, "exit-code", seen)
+			sd.crash(t, "exit-code", seen)
+			sd.crash(t, "exit-code", seen)
+			res = c.Check(context.Background())
+			if res.Reason != ReasonKubeletRestartLoop || !strings.Contains(res.Message, "restarted 3 times") {
+				t.Fatalf("after three restarts between checks: %s %q, want %s", res.Reason, res.Message, ReasonKubeletRestartLoop)
+			}
+			if !tc.withNRestarts && !strings.Contains(res.Message, "NRestarts=n/a") {
+				t.Errorf("message %q should say NRestarts is unavailable rather than print 0", res.Message)
+			}
+		})
 	}
 }

@@ -134,6 +134,13 @@ func newTestCollector(t testing.TB, cfg Config, units unitReader) *Collector {
 	if cfg.Logger == nil {
 		cfg.Logger = discardLogger()
 	}
+	if cfg.HostRoot == "" {
+		// Not the machine's own /proc: without a fixture, the process table is unknown.
+		cfg.HostRoot = t.TempDir()
+	}
+	if cfg.HealthzFailureThreshold == 0 {
+		cfg.HealthzFailureThreshold = 1 // most tests judge single probes; debouncing has its own test
+	}
 	c, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)

@@ -16,8 +16,10 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nodevigil/nodevigil/collectors"
@@ -42,6 +44,13 @@ const (
 	ReasonKubeletHealthzFailed = "KubeletHealthzFailed"
 	// ReasonKubeletUnobservable: neither systemd nor /healthz could be reached (Unknown).
 	ReasonKubeletUnobservable = "KubeletUnobservable"
+	// ReasonKubeletNotRunning: systemd cannot be asked, /healthz refuses connections and the
+	// host's process table (<HostRoot>/proc with the host's PIDs) has no kubelet: it is not
+	// running, e.g. it exits at once on a malformed flag.
+	ReasonKubeletNotRunning = "KubeletNotRunning"
+	// ReasonKubeletStoppedByOperator: the unit is inactive with a clean result, i.e. it was
+	// stopped on purpose (systemctl stop). Unhealthy, but never restarted by the repairer.
+	ReasonKubeletStoppedByOperator = "KubeletStoppedByOperator"
 )
 
 // Defaults of Config.
@@ -51,6 +60,9 @@ const (
 	DefaultTimeout              = 2 * time.Second
 	DefaultRestartLoopThreshold = 3
 	DefaultRestartLoopWindow    = 10 * time.Minute
+	// DefaultHealthzFailureThreshold is how many consecutive /healthz failures, while systemd
+	// shows the unit running (or cannot be asked), make the check Unhealthy.
+	DefaultHealthzFailureThreshold = 3
 )
 
 const (
@@ -85,6 +97,10 @@ type Config struct {
 	// RestartLoopWindow is the window for restart loops and for how long an OOM kill is
 	// remembered (default 10m).
 	RestartLoopWindow time.Duration
+	// HealthzFailureThreshold is how many consecutive /healthz failures make the kubelet
+	// Unhealthy while systemd shows the unit running or cannot be asked (default 3; 1 for a
+	// one-shot check). A unit that systemd shows down needs no debouncing.
+	HealthzFailureThreshold int
 	// HTTPClient is used for /healthz (default: a client without proxy that keeps one idle
 	// loopback connection).
 	HTTPClient *http.Client
@@ -112,6 +128,17 @@ type Collector struct {
 	mu      sync.Mutex
 	history []restartObs
 	lastOOM time.Time
+	// prev is the previous observation of the unit (from a check or a D-Bus signal), to count
+	// restarts where NRestarts is missing; restarts is the resulting restart count.
+	prev     unitState
+	havePrev bool
+	restarts uint64
+	// disrupted is the latest time the unit was seen down or restarting, by any observation.
+	disrupted time.Time
+	// hzFailures counts consecutive failed /healthz probes.
+	hzFailures int
+	// lookupProcess finds the kubelet process (lookupKubelet over <HostRoot>/proc).
+	lookupProcess func() processState
 }
 
 // New validates cfg, fills defaults and returns a collector. It does not connect to
@@ -148,6 +175,12 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.RestartLoopWindow == 0 {
 		cfg.RestartLoopWindow = DefaultRestartLoopWindow
 	}
+	if cfg.HealthzFailureThreshold < 0 {
+		return nil, errors.New("kubelet: Config.HealthzFailureThreshold must not be negative; leave it zero for the default")
+	}
+	if cfg.HealthzFailureThreshold == 0 {
+		cfg.HealthzFailureThreshold = DefaultHealthzFailureThreshold
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -162,13 +195,91 @@ func New(cfg Config) (*Collector, error) {
 		bus:  newSystemdBus(cfg.DBusAddress, checkName, cfg.Now, cfg.Logger),
 		unit: cfg.Unit,
 	}
-	return &Collector{
-		cfg:        cfg,
-		healthzURL: u.String(),
-		client:     client,
-		units:      unit,
-		closeUnits: unit.close,
-	}, nil
+	procDir := filepath.Join(cfg.HostRoot, "proc")
+	c := &Collector{
+		cfg:           cfg,
+		healthzURL:    u.String(),
+		client:        client,
+		units:         unit,
+		closeUnits:    unit.close,
+		lookupProcess: func() processState { return lookupKubelet(procDir) },
+	}
+	// Between two checks systemd may restart the kubelet several times (RestartSec=5): every
+	// change of the unit's properties, signalled over D-Bus, is folded into the history.
+	unit.onChange = func(st unitState) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.noteUnit(c.cfg.Now(), st)
+	}
+	return c, nil
+}
+
+// Seed resumes from the kubelet condition a previous agent left on the Node: a kubelet
+// reported OOM-killed stays reported for the rest of its window, a restart loop for the rest
+// of its window, and a failing /healthz stays failed until it answers again, instead of the
+// restarted agent first reporting healthy.
+func (c *Collector) Seed(prior collectors.Prior) {
+	if prior.Status != collectors.StatusUnhealthy {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	since := prior.Since
+	if since.IsZero() {
+		since = c.cfg.Now()
+	}
+	switch prior.Reason {
+	case ReasonKubeletOOMKilled:
+		c.lastOOM = since
+	case ReasonKubeletHealthzFailed:
+		c.hzFailures = c.cfg.HealthzFailureThreshold
+	case ReasonKubeletRestartLoop:
+		// Count the loop's restarts at its start, so it is reported until the window passes.
+		c.recordRestarts(since, uint64(c.cfg.RestartLoopThreshold))
+	}
+	if since.After(c.disrupted) {
+		c.disrupted = since
+	}
+}
+
+// noteUnit folds one observation of the unit (from a check or a D-Bus signal) into the
+// restart count, the OOM memory and the disruption time. Restarts are counted from NRestarts
+// where systemd has it, otherwise (systemd 219, Amazon Linux 2) from changes of
+// ExecMainStartTimestamp or MainPID. The caller holds c.mu.
+func (c *Collector) noteUnit(now time.Time, st unitState) {
+	if st.LoadState == "not-found" {
+		return
+	}
+	restarted := false
+	before := c.restarts
+	if c.havePrev {
+		p := c.prev
+		switch {
+		case st.HasNRestarts && p.HasNRestarts && st.NRestarts > p.NRestarts:
+			c.restarts += uint64(st.NRestarts - p.NRestarts)
+			restarted = true
+		case st.HasNRestarts && p.HasNRestarts:
+			// Counter unchanged or reset by a manual start: a start by hand is a restart for
+			// the stability window, not for the loop count.
+			restarted = st.NRestarts < p.NRestarts
+		case st.MainStart != 0 && p.MainStart != 0 && st.MainStart != p.MainStart,
+			st.MainPID != 0 && p.MainPID != 0 && st.MainPID != p.MainPID:
+			c.restarts++
+			restarted = true
+		}
+	}
+	c.prev, c.havePrev = st, true
+	if st.Result == "oom-kill" {
+		c.lastOOM = now
+	}
+	if restarted || !unitActive(st) {
+		c.disrupted = now
+	}
+	c.recordRestarts(now, c.restarts-before)
+}
+
+func unitActive(st unitState) bool {
+	return st.ActiveState == "active" || st.ActiveState == "reloading" || st.ActiveState == "refreshing"
 }
 
 func defaultBusAddress(hostRoot string) string {
@@ -238,24 +349,23 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 	return c.verdict(c.cfg.Now(), uo, hz)
 }
 
-// restartObs is one observation of the unit's NRestarts counter.
+// restartObs is n restarts seen at one time.
 type restartObs struct {
 	at time.Time
-	n  uint32
+	n  uint64
 }
 
-// observeRestarts records n and returns how much the counter grew within the window and
-// since when. A counter that went down was reset (manual start, reset-failed): the history
-// starts over. Observations older than the window are forgotten, so growth is only counted
-// between observations both inside the window: a conservative estimate.
-func (c *Collector) observeRestarts(now time.Time, n uint32) (delta uint32, since time.Time) {
-	if k := len(c.history); k > 0 && n < c.history[k-1].n {
-		c.history = c.history[:0]
+// recordRestarts notes d restarts observed at now (d may be 0: the call also prunes).
+// Restarts are attributed to the observation that revealed them: with the D-Bus
+// subscription that is the moment they happened; with checks alone, at most one check
+// interval later. Entries older than the window are forgotten and the history is bounded.
+func (c *Collector) recordRestarts(now time.Time, d uint64) {
+	if d > 0 {
+		c.history = append(c.history, restartObs{at: now, n: d})
 	}
-	c.history = append(c.history, restartObs{at: now, n: n})
 	cutoff := now.Add(-c.cfg.RestartLoopWindow)
 	drop := 0
-	for drop < len(c.history)-1 && c.history[drop].at.Before(cutoff) {
+	for drop < len(c.history) && c.history[drop].at.Before(cutoff) {
 		drop++
 	}
 	if len(c.history)-drop > maxHistory {
@@ -264,31 +374,66 @@ func (c *Collector) observeRestarts(now time.Time, n uint32) (delta uint32, sinc
 	if drop > 0 {
 		c.history = append(c.history[:0], c.history[drop:]...)
 	}
-	first := c.history[0]
-	return n - first.n, first.at
+}
+
+// restartsInWindow returns the restarts seen within the window and when the first of them
+// was seen (now when none).
+func (c *Collector) restartsInWindow(now time.Time) (delta uint64, since time.Time) {
+	c.recordRestarts(now, 0)
+	since = now
+	for i, h := range c.history {
+		delta += h.n
+		if i == 0 {
+			since = h.at
+		}
+	}
+	return delta, since
 }
 
 // verdict turns the two observations into a Result. Precedence, most specific first:
 //
 //  1. Result=oom-kill while the unit is not active: KubeletOOMKilled (systemd resets Result
 //     when the unit starts again, so this is the kill that just happened).
-//  2. failed: KubeletUnitFailed; inactive or deactivating: KubeletUnitInactive.
-//  3. NRestarts grew by RestartLoopThreshold or more within RestartLoopWindow:
-//     KubeletRestartLoop (this is also how "activating in a loop" shows up).
+//  2. failed: KubeletUnitFailed; inactive with Result=success (stopped on purpose, e.g.
+//     systemctl stop): KubeletStoppedByOperator; other inactive or deactivating:
+//     KubeletUnitInactive.
+//  3. The restart count grew by RestartLoopThreshold or more within RestartLoopWindow:
+//     KubeletRestartLoop (this is also how "activating in a loop" shows up). Restarts are
+//     counted from NRestarts or, without it, from MainPID/ExecMainStartTimestamp changes, in
+//     checks and in the D-Bus PropertiesChanged signals between them.
 //  4. An OOM kill was seen within RestartLoopWindow even though the unit is running again:
 //     KubeletOOMKilled. Documented choice: the memory pressure that killed the kubelet is
 //     usually still there and a second kill likely, so the check stays Unhealthy for one
-//     window after the last sighting and recovers on its own. (Kills between two checks are
-//     not seen as oom-kill, only as restarts.)
-//  5. /healthz not 200: KubeletHealthzFailed.
+//     window after the last sighting and recovers on its own. Kills between two checks are
+//     seen through the D-Bus signals.
+//  5. /healthz not 200: KubeletHealthzFailed, at once when the unit is not active, after
+//     HealthzFailureThreshold consecutive failures when it is.
 //
 // When systemd cannot be observed (no bus, unit unknown to systemd, query failed) the
-// verdict comes from /healthz alone and the message says so; when /healthz cannot be reached
-// either, the result is Unknown (KubeletUnobservable). /healthz refusing connections while
-// systemd says the unit is active is Unhealthy: both were observed, and they disagree.
+// verdict comes from /healthz alone (debounced likewise) and the message says so. When
+// /healthz refuses connections too, the host's process table decides: no kubelet process is
+// KubeletNotRunning (Unhealthy); when the process table is not the host's, the result is
+// Unknown (KubeletUnobservable) and says which mount is missing.
 func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObservation) collectors.Result {
 	res := collectors.Result{Check: checkName, Time: now}
 	unitKnown := uo.err == nil && uo.state.LoadState != "not-found"
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hz.ok() {
+		c.hzFailures = 0
+	} else {
+		c.hzFailures++
+	}
+	debounced := !hz.ok() && c.hzFailures < c.cfg.HealthzFailureThreshold
+	pending := func() string {
+		return fmt.Sprintf("; not yet unhealthy: %d of %d consecutive /healthz failures", c.hzFailures, c.cfg.HealthzFailureThreshold)
+	}
+	res.Inputs = []collectors.Input{
+		{Name: "healthz", Source: c.healthzURL, Value: hz.describe(),
+			Threshold: fmt.Sprintf("200 expected; unhealthy after %d consecutive failures while the unit runs", c.cfg.HealthzFailureThreshold)},
+	}
+
 	if !unitKnown {
 		var why string
 		switch {
@@ -304,37 +449,72 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 		default:
 			why = fmt.Sprintf("systemd has no unit %s", c.cfg.Unit)
 		}
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "systemd unit " + c.cfg.Unit, Source: c.cfg.DBusAddress, Value: why})
 		suffix := " (" + why + "; health from /healthz only)"
+		var proc processState
+		refused := !hz.reached && errors.Is(hz.err, syscall.ECONNREFUSED)
+		if refused {
+			proc = c.lookupProcess()
+			v := "no kubelet process"
+			switch {
+			case !proc.hostPIDs:
+				v = "not the host's process table (PID 1 is not systemd or init)"
+			case proc.running:
+				v = fmt.Sprintf("kubelet pid %d", proc.pid)
+			}
+			res.Inputs = append(res.Inputs, collectors.Input{Name: "kubelet process", Source: filepath.Join(c.cfg.HostRoot, "proc"), Value: v})
+		}
 		switch {
 		case hz.ok():
 			res.Status, res.Reason = collectors.StatusHealthy, ReasonKubeletHealthy
 			res.Message = "kubelet " + hz.describe() + suffix
-		case hz.reached:
+		case refused && proc.hostPIDs && !proc.running:
+			res.Status, res.Reason = collectors.StatusUnhealthy, ReasonKubeletNotRunning
+			res.Message = fmt.Sprintf("kubelet is not running: no kubelet process in the host's process table and %s%s", hz.describe(), suffix)
+			c.disrupted = now
+		case hz.reached && debounced:
+			res.Status, res.Reason = collectors.StatusHealthy, ReasonKubeletHealthy
+			res.Message = "kubelet " + hz.describe() + suffix + pending()
+		case hz.reached || (refused && proc.running):
 			res.Status, res.Reason = collectors.StatusUnhealthy, ReasonKubeletHealthzFailed
 			res.Message = "kubelet " + hz.describe() + suffix
+			if refused {
+				res.Message += fmt.Sprintf("; kubelet pid %d exists but does not serve /healthz", proc.pid)
+			}
+			c.disrupted = now
 		default:
 			res.Status, res.Reason = collectors.StatusUnknown, ReasonKubeletUnobservable
-			res.Message = fmt.Sprintf("kubelet cannot be observed: %s, and %s", why, hz.describe())
+			res.Message = fmt.Sprintf("kubelet cannot be observed: %s, and %s. To observe it, mount the host's /run/dbus at %s "+
+				"(systemd's view) or the host's /proc at %s (the process table)",
+				why, hz.describe(), filepath.Join(c.cfg.HostRoot, "run/dbus"), filepath.Join(c.cfg.HostRoot, "proc"))
 			unitErr := uo.err
 			if unitErr == nil {
 				unitErr = fmt.Errorf("unit %s not found: %w", c.cfg.Unit, collectors.ErrNotSupported)
 			}
 			res.Err = errors.Join(unitErr, hz.err)
 		}
+		res.Disrupted = c.disrupted
 		return res
 	}
 
 	st := uo.state
-	c.mu.Lock()
-	delta, since := c.observeRestarts(now, st.NRestarts)
-	if st.Result == "oom-kill" {
-		c.lastOOM = now
-	}
+	c.noteUnit(now, st)
+	delta, since := c.restartsInWindow(now)
 	lastOOM := c.lastOOM
-	c.mu.Unlock()
 
-	active := st.ActiveState == "active" || st.ActiveState == "reloading" || st.ActiveState == "refreshing"
-	unit := fmt.Sprintf("%s %s/%s (NRestarts=%d, Result=%s)", c.cfg.Unit, st.ActiveState, st.SubState, st.NRestarts, st.Result)
+	active := unitActive(st)
+	nrestarts := "n/a"
+	if st.HasNRestarts {
+		nrestarts = strconv.FormatUint(uint64(st.NRestarts), 10)
+	}
+	unit := fmt.Sprintf("%s %s/%s (NRestarts=%s, Result=%s)", c.cfg.Unit, st.ActiveState, st.SubState, nrestarts, st.Result)
+	res.Inputs = append(res.Inputs,
+		collectors.Input{Name: "systemd unit", Source: c.cfg.Unit + " over D-Bus", Value: unit},
+		collectors.Input{Name: "restarts in window", Value: strconv.FormatUint(delta, 10),
+			Threshold: fmt.Sprintf(">= %d in %s is a restart loop (counted from NRestarts, else MainPID/start-time changes)", c.cfg.RestartLoopThreshold, c.cfg.RestartLoopWindow)})
+	if !st.HasNRestarts {
+		unit += fmt.Sprintf(" (no NRestarts on this systemd; %d restart(s) counted from MainPID/start-time changes)", c.restarts)
+	}
 	loop := int64(delta) >= int64(c.cfg.RestartLoopThreshold)
 	res.Status = collectors.StatusUnhealthy
 	switch {
@@ -344,6 +524,10 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 	case st.ActiveState == "failed":
 		res.Reason = ReasonKubeletUnitFailed
 		res.Message = fmt.Sprintf("kubelet unit failed: %s; %s", unit, hz.describe())
+	case st.ActiveState == "inactive" && (st.Result == "success" || st.Result == ""):
+		res.Reason = ReasonKubeletStoppedByOperator
+		res.Message = fmt.Sprintf("kubelet unit was stopped on purpose (inactive with a clean result) and is left stopped: %s; %s; start it with systemctl start %s",
+			unit, hz.describe(), c.cfg.Unit)
 	case st.ActiveState == "inactive" || st.ActiveState == "deactivating":
 		res.Reason = ReasonKubeletUnitInactive
 		res.Message = fmt.Sprintf("kubelet unit is not running: %s; %s", unit, hz.describe())
@@ -355,13 +539,18 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 		res.Reason = ReasonKubeletOOMKilled
 		res.Message = fmt.Sprintf("kubelet was OOM-killed %s ago (reported for %s after a kill): %s; %s",
 			roundDuration(now.Sub(lastOOM)), c.cfg.RestartLoopWindow, unit, hz.describe())
-	case !hz.ok():
+	case !hz.ok() && (!active || !debounced):
 		res.Reason = ReasonKubeletHealthzFailed
 		res.Message = fmt.Sprintf("kubelet %s while %s", hz.describe(), unit)
+		c.disrupted = now
 	default:
 		res.Status, res.Reason = collectors.StatusHealthy, ReasonKubeletHealthy
 		res.Message = fmt.Sprintf("%s, +%d restarts in %s; kubelet %s", unit, delta, c.cfg.RestartLoopWindow, hz.describe())
+		if !hz.ok() {
+			res.Message += pending()
+		}
 	}
+	res.Disrupted = c.disrupted
 	return res
 }
 

@@ -3,8 +3,11 @@ package kubelet
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,7 +18,7 @@ import (
 )
 
 var (
-	activeUnit = unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success"}
+	activeUnit = unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "active", SubState: "running", Result: "success"}
 	errNoBus   = classifyBusError(&syscallErr{syscall.ENOENT})
 )
 
@@ -46,30 +49,40 @@ func TestCheckVerdict(t *testing.T) {
 			message: []string{"kubelet.service active/running (NRestarts=0, Result=success), +0 restarts in 10m0s; kubelet /healthz 200 in "},
 		},
 		{
-			name: "failed by oom-kill", unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "oom-kill", NRestarts: 4},
+			name: "failed by oom-kill", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "failed", SubState: "failed", Result: "oom-kill", NRestarts: 4},
 			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletOOMKilled,
 			message: []string{"kubelet was killed by the kernel OOM killer: kubelet.service failed/failed (NRestarts=4, Result=oom-kill)", "connection refused"},
 		},
 		{
-			name: "auto-restarting after oom-kill", unit: unitState{LoadState: "loaded", ActiveState: "activating", SubState: "auto-restart", Result: "oom-kill", NRestarts: 1},
+			name: "auto-restarting after oom-kill", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "activating", SubState: "auto-restart", Result: "oom-kill", NRestarts: 1},
 			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletOOMKilled,
 		},
 		{
-			name: "failed with exit code", unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code", NRestarts: 5},
+			name: "failed with exit code", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "failed", SubState: "failed", Result: "exit-code", NRestarts: 5},
 			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitFailed,
 			message: []string{"kubelet unit failed: kubelet.service failed/failed (NRestarts=5, Result=exit-code)"},
 		},
 		{
-			name: "hit start limit", unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "start-limit-hit"},
+			name: "hit start limit", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "failed", SubState: "failed", Result: "start-limit-hit"},
 			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitFailed,
 		},
 		{
-			name: "inactive", unit: unitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Result: "success"},
+			name: "inactive after a failure", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "signal"},
 			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
 			message: []string{"kubelet unit is not running: kubelet.service inactive/dead"},
 		},
 		{
-			name: "deactivating", unit: unitState{LoadState: "loaded", ActiveState: "deactivating", SubState: "stop-sigterm", Result: "success"},
+			name: "stopped on purpose", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success"},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
+			message: []string{"stopped on purpose", "start it with systemctl start kubelet.service"},
+		},
+		{
+			name: "systemd 219 without NRestarts", unit: unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success", MainPID: 42, MainStart: 1},
+			hzCode: 200, status: collectors.StatusHealthy, reason: ReasonKubeletHealthy,
+			message: []string{"NRestarts=n/a", "0 restart(s) counted from MainPID/start-time changes"},
+		},
+		{
+			name: "deactivating", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "deactivating", SubState: "stop-sigterm", Result: "success"},
 			hzCode: 200, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
 		},
 		{
@@ -156,10 +169,10 @@ func TestRestartLoopAndOOMMemory(t *testing.T) {
 		message string
 	}
 	running := func(n uint32) unitState {
-		return unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success", NRestarts: n}
+		return unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "active", SubState: "running", Result: "success", NRestarts: n}
 	}
 	looping := func(n uint32) unitState {
-		return unitState{LoadState: "loaded", ActiveState: "activating", SubState: "auto-restart", Result: "exit-code", NRestarts: n}
+		return unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "activating", SubState: "auto-restart", Result: "exit-code", NRestarts: n}
 	}
 	tests := []struct {
 		name  string
@@ -171,7 +184,7 @@ func TestRestartLoopAndOOMMemory(t *testing.T) {
 				{unit: running(0), reason: ReasonKubeletHealthy},
 				{advance: time.Minute, unit: running(1), reason: ReasonKubeletHealthy, message: "+1 restarts in 10m0s"},
 				{advance: time.Minute, unit: looping(2), reason: ReasonKubeletHealthzFailed},
-				{advance: time.Minute, unit: running(3), reason: ReasonKubeletRestartLoop, message: "kubelet restarted 3 times in 3m0s (threshold 3 in 10m0s)"},
+				{advance: time.Minute, unit: running(3), reason: ReasonKubeletRestartLoop, message: "kubelet restarted 3 times in 2m0s (threshold 3 in 10m0s)"},
 				{advance: 5 * time.Minute, unit: running(3), reason: ReasonKubeletRestartLoop},
 				// The window slides past the restarts: healthy again.
 				{advance: 10 * time.Minute, unit: running(3), reason: ReasonKubeletHealthy, message: "+0 restarts"},
@@ -182,7 +195,7 @@ func TestRestartLoopAndOOMMemory(t *testing.T) {
 			steps: []step{
 				{unit: looping(10), reason: ReasonKubeletHealthzFailed},
 				{advance: 20 * time.Second, unit: looping(11), reason: ReasonKubeletHealthzFailed},
-				{advance: 20 * time.Second, unit: looping(13), reason: ReasonKubeletRestartLoop, message: "restarted 3 times in 40s"},
+				{advance: 20 * time.Second, unit: looping(13), reason: ReasonKubeletRestartLoop, message: "restarted 3 times in 20s"},
 			},
 		},
 		{
@@ -190,7 +203,7 @@ func TestRestartLoopAndOOMMemory(t *testing.T) {
 			steps: []step{
 				{unit: running(0), reason: ReasonKubeletHealthy},
 				{advance: 6 * time.Minute, unit: running(2), reason: ReasonKubeletHealthy},
-				{advance: 6 * time.Minute, unit: running(4), reason: ReasonKubeletHealthy, message: "+2 restarts"},
+				{advance: 11 * time.Minute, unit: running(4), reason: ReasonKubeletHealthy, message: "+2 restarts"},
 			},
 		},
 		{
@@ -204,7 +217,7 @@ func TestRestartLoopAndOOMMemory(t *testing.T) {
 		{
 			name: "oom kill is remembered for one window",
 			steps: []step{
-				{unit: unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "oom-kill"}, reason: ReasonKubeletOOMKilled},
+				{unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "failed", SubState: "failed", Result: "oom-kill"}, reason: ReasonKubeletOOMKilled},
 				{advance: time.Minute, unit: running(0), reason: ReasonKubeletOOMKilled, message: "kubelet was OOM-killed 1m0s ago (reported for 10m0s after a kill)"},
 				{advance: 8 * time.Minute, unit: running(0), reason: ReasonKubeletOOMKilled, message: "OOM-killed 9m0s ago"},
 				{advance: time.Minute, unit: running(0), reason: ReasonKubeletHealthy},
@@ -245,7 +258,7 @@ func TestRestartHistoryIsBounded(t *testing.T) {
 	c := newTestCollector(t, Config{Now: clock.Now, RestartLoopWindow: 24 * time.Hour, RestartLoopThreshold: 1 << 30}, &fakeUnits{})
 	for i := 0; i < 3*maxHistory; i++ {
 		clock.Step(time.Second)
-		c.observeRestarts(clock.Now(), uint32(i))
+		c.recordRestarts(clock.Now(), uint64(i%3+1))
 	}
 	if len(c.history) > maxHistory {
 		t.Fatalf("history has %d entries, want at most %d", len(c.history), maxHistory)
@@ -412,5 +425,124 @@ func TestClassifyBusError(t *testing.T) {
 		if got := classifyBusError(tt.err); got.Kind != tt.kind || !errors.Is(got, tt.err) {
 			t.Errorf("classifyBusError(%v) = %q (unwraps: %v), want %q", tt.err, got.Kind, errors.Is(got, tt.err), tt.kind)
 		}
+	}
+}
+
+// refused is what a real dial to a closed port returns (errors.Is ECONNREFUSED).
+var refused = &url.Error{Op: "Get", URL: "http://127.0.0.1:10248/healthz", Err: &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}
+
+// TestKubeletNotRunning: with no systemd to ask and /healthz refusing connections, the host's
+// process table decides. A kubelet that exits at once (a malformed flag) is Unhealthy, not
+// Unknown; only a process table that is not the host's leaves the verdict Unknown, and the
+// message says which mount would fix it.
+func TestKubeletNotRunning(t *testing.T) {
+	tests := []struct {
+		host   string
+		status collectors.Status
+		reason string
+		msg    string
+	}{
+		{"host-no-kubelet", collectors.StatusUnhealthy, ReasonKubeletNotRunning, "no kubelet process in the host's process table"},
+		{"host-kubelet", collectors.StatusUnhealthy, ReasonKubeletHealthzFailed, "kubelet pid 2417 exists but does not serve /healthz"},
+		{"container", collectors.StatusUnknown, ReasonKubeletUnobservable, "mount the host's /run/dbus at"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host, func(t *testing.T) {
+			units := &fakeUnits{}
+			units.set(unitState{}, errNoBus)
+			c := newTestCollector(t, Config{HostRoot: filepath.Join("testdata/proc", tt.host), HTTPClient: healthzClient(0, "", refused)}, units)
+			res := c.Check(context.Background())
+			if res.Status != tt.status || res.Reason != tt.reason || !strings.Contains(res.Message, tt.msg) {
+				t.Fatalf("got %s/%s %q, want %s/%s containing %q", res.Status, res.Reason, res.Message, tt.status, tt.reason, tt.msg)
+			}
+		})
+	}
+}
+
+// TestHealthzDebounce: while systemd shows the unit running, one failed probe is not an
+// outage; HealthzFailureThreshold consecutive ones are, and a success starts over. A unit
+// systemd shows down needs no debouncing.
+func TestHealthzDebounce(t *testing.T) {
+	units := &fakeUnits{}
+	units.set(activeUnit, nil)
+	c := newTestCollector(t, Config{HealthzFailureThreshold: 3}, units)
+	probe := func(ok bool) collectors.Result {
+		if ok {
+			c.client = healthzClient(200, "ok", nil)
+		} else {
+			c.client = healthzClient(500, "[-]syncloop failed", nil)
+		}
+		return c.Check(context.Background())
+	}
+	for i, step := range []struct {
+		ok     bool
+		status collectors.Status
+		msg    string
+	}{
+		{false, collectors.StatusHealthy, "not yet unhealthy: 1 of 3 consecutive /healthz failures"},
+		{false, collectors.StatusHealthy, "2 of 3"},
+		{true, collectors.StatusHealthy, ""},
+		{false, collectors.StatusHealthy, "1 of 3"},
+		{false, collectors.StatusHealthy, "2 of 3"},
+		{false, collectors.StatusUnhealthy, "returned 500"},
+		{false, collectors.StatusUnhealthy, "returned 500"},
+		{true, collectors.StatusHealthy, ""},
+	} {
+		res := probe(step.ok)
+		if res.Status != step.status || !strings.Contains(res.Message, step.msg) {
+			t.Fatalf("probe %d: got %s %q, want %s containing %q", i, res.Status, res.Message, step.status, step.msg)
+		}
+	}
+	units.set(unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "activating", SubState: "auto-restart", Result: "exit-code"}, nil)
+	if res := probe(false); res.Status != collectors.StatusUnhealthy {
+		t.Errorf("unit down and healthz failing: %s %q, want Unhealthy at once", res.Status, res.Message)
+	}
+}
+
+// TestRestartsWithoutNRestarts: systemd 219 has no NRestarts; restarts are counted from
+// MainPID and ExecMainStartTimestamp changes instead of reading as 0.
+func TestRestartsWithoutNRestarts(t *testing.T) {
+	clock := newFakeClock()
+	units := &fakeUnits{}
+	c := newTestCollector(t, Config{Now: clock.Now, HTTPClient: healthzClient(200, "ok", nil)}, units)
+	run := func(pid uint32, start uint64) collectors.Result {
+		clock.Step(time.Minute)
+		units.set(unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success", MainPID: pid, MainStart: start}, nil)
+		return c.Check(context.Background())
+	}
+	run(100, 1)
+	if res := run(100, 1); !strings.Contains(res.Message, "+0 restarts") {
+		t.Fatalf("no change counted as a restart: %q", res.Message)
+	}
+	if res := run(230, 2); !strings.Contains(res.Message, "+1 restarts") || res.Disrupted.IsZero() {
+		t.Fatalf("new MainPID not counted: %q disrupted %v", res.Message, res.Disrupted)
+	}
+	run(231, 3)
+	res := run(232, 4)
+	if res.Reason != ReasonKubeletRestartLoop || !strings.Contains(res.Message, "NRestarts=n/a") {
+		t.Fatalf("three restarts from MainPID changes: %s %q, want %s", res.Reason, res.Message, ReasonKubeletRestartLoop)
+	}
+}
+
+// TestSeed: a restarted agent resumes the kubelet verdicts that have memory.
+func TestSeed(t *testing.T) {
+	clock := newFakeClock()
+	units := &fakeUnits{}
+	units.set(activeUnit, nil)
+	c := newTestCollector(t, Config{Now: clock.Now, HealthzFailureThreshold: 3, HTTPClient: healthzClient(500, "", nil)}, units)
+	c.Seed(collectors.Prior{Status: collectors.StatusUnhealthy, Reason: ReasonKubeletHealthzFailed, Since: clock.Now().Add(-time.Minute)})
+	if res := c.Check(context.Background()); res.Reason != ReasonKubeletHealthzFailed {
+		t.Errorf("seeded healthz failure: %s %q, want it kept without a new debounce", res.Reason, res.Message)
+	}
+
+	c2 := newTestCollector(t, Config{Now: clock.Now, HTTPClient: healthzClient(200, "ok", nil)}, units)
+	c2.Seed(collectors.Prior{Status: collectors.StatusUnhealthy, Reason: ReasonKubeletOOMKilled, Since: clock.Now().Add(-4 * time.Minute)})
+	if res := c2.Check(context.Background()); res.Reason != ReasonKubeletOOMKilled || !strings.Contains(res.Message, "OOM-killed 4m0s ago") {
+		t.Errorf("seeded OOM kill: %s %q", res.Reason, res.Message)
+	}
+	c3 := newTestCollector(t, Config{Now: clock.Now, HTTPClient: healthzClient(200, "ok", nil)}, units)
+	c3.Seed(collectors.Prior{Status: collectors.StatusHealthy, Reason: ReasonKubeletHealthy})
+	if res := c3.Check(context.Background()); res.Reason != ReasonKubeletHealthy {
+		t.Errorf("healthy prior: %s %q", res.Reason, res.Message)
 	}
 }

@@ -24,6 +24,9 @@ const (
 	RepairNotNeeded = "NotNeeded"
 	// RepairRestartFailed: the restart could not be issued or its job did not finish "done".
 	RepairRestartFailed = "RestartFailed"
+	// RepairOperatorStopped: the unit is inactive with a clean result, i.e. stopped on
+	// purpose; it is reported, never restarted.
+	RepairOperatorStopped = "OperatorStopped"
 )
 
 // Defaults of RepairConfig.
@@ -149,7 +152,8 @@ func NewRepairer(cfg RepairConfig) (*Repairer, error) {
 // Close releases the bus connection.
 func (r *Repairer) Close() error { return r.units.close() }
 
-// needsRestart reports whether a kubelet Result says the unit is down.
+// needsRestart reports whether a kubelet Result says the unit is down and may be restarted
+// (KubeletStoppedByOperator is down on purpose and is not).
 func needsRestart(res collectors.Result) bool {
 	switch res.Reason {
 	case ReasonKubeletUnitFailed, ReasonKubeletUnitInactive, ReasonKubeletOOMKilled:
@@ -218,6 +222,10 @@ func (r *Repairer) Repair(ctx context.Context, res collectors.Result) (RepairAtt
 	}
 	if st.LoadState == "not-found" || (st.ActiveState != "failed" && st.ActiveState != "inactive") {
 		return RepairAttempt{Reason: RepairNotNeeded, Attempt: r.consecutive, NextAllowed: nextAllowed}, nil
+	}
+	if st.ActiveState == "inactive" && (st.Result == "success" || st.Result == "") {
+		// Stopped by an operator (systemctl stop): restarting it would undo their decision.
+		return RepairAttempt{Reason: RepairOperatorStopped, Attempt: r.consecutive, NextAllowed: nextAllowed}, nil
 	}
 
 	// Record before acting: a restart that fails or hangs still counts towards backoff and cap.

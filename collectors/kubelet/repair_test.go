@@ -17,8 +17,8 @@ var (
 	healthyResult  = collectors.Result{Check: "kubelet", Status: collectors.StatusHealthy, Reason: ReasonKubeletHealthy}
 	healthzResult  = collectors.Result{Check: "kubelet", Status: collectors.StatusUnhealthy, Reason: ReasonKubeletHealthzFailed}
 	loopResult     = collectors.Result{Check: "kubelet", Status: collectors.StatusUnhealthy, Reason: ReasonKubeletRestartLoop}
-	failedUnit     = unitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code"}
-	inactiveUnit   = unitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Result: "success"}
+	failedUnit     = unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "failed", SubState: "failed", Result: "exit-code"}
+	inactiveUnit   = unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "exit-code"}
 )
 
 func newTestRepairer(t *testing.T, cfg RepairConfig, units unitRestarter) *Repairer {
@@ -86,7 +86,7 @@ func TestRepairPolicy(t *testing.T) {
 			name: "live state decides: systemd already restarting it",
 			cfg:  RepairConfig{},
 			steps: []step{
-				{res: failedResult, unit: unitState{LoadState: "loaded", ActiveState: "activating", SubState: "auto-restart"}, want: RepairAttempt{Reason: RepairNotNeeded}},
+				{res: failedResult, unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "activating", SubState: "auto-restart"}, want: RepairAttempt{Reason: RepairNotNeeded}},
 				{res: oomResult, unit: activeUnit, want: RepairAttempt{Reason: RepairNotNeeded}},
 			},
 		},
@@ -194,5 +194,22 @@ func TestNewRepairerConfig(t *testing.T) {
 	if r.cfg.InitialBackoff != 30*time.Second || r.cfg.MaxBackoff != 10*time.Minute || r.cfg.MaxPerHour != 3 ||
 		r.cfg.Unit != "kubelet.service" || r.cfg.DBusAddress != "unix:path=/host/run/dbus/system_bus_socket" {
 		t.Errorf("defaults not applied: %+v", r.cfg)
+	}
+}
+
+// TestRepairLeavesOperatorStopAlone: a unit an operator stopped (inactive, clean result) is
+// never restarted, whatever the result handed in says.
+func TestRepairLeavesOperatorStopAlone(t *testing.T) {
+	units := &fakeUnits{}
+	units.set(unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success"}, nil)
+	r := newTestRepairer(t, RepairConfig{}, units)
+	for _, res := range []collectors.Result{inactiveResult, {Check: "kubelet", Status: collectors.StatusUnhealthy, Reason: ReasonKubeletStoppedByOperator}} {
+		got, err := r.Repair(context.Background(), res)
+		if err != nil || got.Attempted || (got.Reason != RepairOperatorStopped && got.Reason != RepairNotNeeded) {
+			t.Fatalf("Repair(%s) = %+v, %v; want no restart", res.Reason, got, err)
+		}
+	}
+	if restarts, _ := units.counts(); restarts != 0 {
+		t.Fatalf("%d restarts of an operator-stopped unit", restarts)
 	}
 }

@@ -36,6 +36,11 @@ type unitState struct {
 	SubState    string // running, auto-restart, dead, ...
 	Result      string // success, exit-code, signal, core-dump, oom-kill, start-limit-hit, ...
 	NRestarts   uint32 // automatic restarts since the unit was last started by hand
+	// HasNRestarts is false on systemd older than 235 (Amazon Linux 2 ships 219), which has
+	// no NRestarts property; restarts are then counted from MainPID and MainStart changes.
+	HasNRestarts bool
+	MainPID      uint32 // the service's main process, 0 when none
+	MainStart    uint64 // ExecMainStartTimestamp, µs since the epoch; changes on every start
 }
 
 // busError says why systemd could not be asked. Kind is a short human phrase used in
@@ -254,14 +259,80 @@ func classifyBusError(err error) *busError {
 type systemdUnit struct {
 	bus  *systemdBus
 	unit string
+	// onChange, when set, receives the unit's state every time systemd signals a change of
+	// its properties (PropertiesChanged over D-Bus), so restarts, OOM kills and crash loops
+	// between two checks are seen even with RestartSec=5.
+	onChange func(unitState)
+
+	watchMu  sync.Mutex
+	watching *sddbus.Conn // the connection the current watcher follows
 }
 
-// readUnit fetches the Unit and Service properties of the unit (two GetAll calls).
+// signalReadTimeout bounds the property read that follows a change signal.
+const signalReadTimeout = 2 * time.Second
+
+// watch subscribes conn to systemd's signals (once per connection) and follows the unit's
+// PropertiesChanged signals until the connection closes or the bus is closed. go-systemd
+// forwards the Unit interface's changes (ActiveState, SubState, timestamps) on every state
+// transition; the watcher then reads the Service properties too (Result, NRestarts, MainPID).
+func (s *systemdUnit) watch(conn *sddbus.Conn) {
+	if s.onChange == nil {
+		return
+	}
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.watching == conn {
+		return
+	}
+	if err := conn.Subscribe(); err != nil {
+		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", err)
+		return
+	}
+	s.watching = conn
+	// Buffered so go-systemd's non-blocking send does not drop (and log) a burst of changes.
+	updates := make(chan *sddbus.PropertiesUpdate, 64)
+	errs := make(chan error, 1)
+	conn.SetPropertiesSubscriber(updates, errs)
+	go func() {
+		alive := time.NewTicker(30 * time.Second)
+		defer alive.Stop()
+		for {
+			select {
+			case <-s.bus.lifetime.Done():
+				return
+			case <-alive.C:
+				if !conn.Connected() {
+					return
+				}
+			case <-errs:
+				// A full update channel: the next read below catches up with the state.
+			case u := <-updates:
+				if u.UnitName != s.unit {
+					continue
+				}
+				ctx, cancel := context.WithTimeout(s.bus.lifetime, signalReadTimeout)
+				st, err := s.readWith(ctx, conn)
+				cancel()
+				if err == nil {
+					s.onChange(st)
+				}
+			}
+		}
+	}()
+}
+
+// readUnit fetches the Unit and Service properties of the unit (two GetAll calls), and
+// makes sure the connection's change signals are followed.
 func (s *systemdUnit) readUnit(ctx context.Context) (unitState, error) {
 	conn, err := s.bus.get(ctx)
 	if err != nil {
 		return unitState{}, err
 	}
+	s.watch(conn)
+	return s.readWith(ctx, conn)
+}
+
+func (s *systemdUnit) readWith(ctx context.Context, conn *sddbus.Conn) (unitState, error) {
 	u, err := conn.GetUnitPropertiesContext(ctx, s.unit)
 	if err != nil {
 		s.bus.drop(conn)
@@ -282,8 +353,10 @@ func (s *systemdUnit) readUnit(ctx context.Context) (unitState, error) {
 	}
 	st.Result = stringProp(svc, "Result")
 	if n, ok := svc["NRestarts"].(uint32); ok {
-		st.NRestarts = n
+		st.NRestarts, st.HasNRestarts = n, true
 	}
+	st.MainPID, _ = svc["MainPID"].(uint32)
+	st.MainStart, _ = svc["ExecMainStartTimestamp"].(uint64)
 	return st, nil
 }
 

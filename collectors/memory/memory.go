@@ -4,35 +4,50 @@
 //
 // # Signals
 //
-// The primary signal is pressure stall information (PSI): the share of time every non-idle
-// task was stalled waiting for memory ("full avg10"). It is read from the node-wide
-// <HostRoot>/proc/pressure/memory (through prometheus/procfs) and, when present, from the cgroup
-// v2 memory.pressure file of the kubelet's pod cgroup (kubepods.slice with the systemd cgroup
-// driver, kubepods with cgroupfs). The two are combined by taking the worse: the node-wide value
-// sees stalls of the kubelet and system daemons, the kubepods value sees the pods as a whole
-// running out of allocatable memory while reserved memory keeps the node-wide value calm.
+// The check reads three things, all under <HostRoot>/proc:
 //
-// The secondary signal is MemAvailable against MemTotal from <HostRoot>/proc/meminfo.
+//   - pressure stall information (PSI): the share of time every non-idle task was stalled
+//     waiting for memory ("full"), node-wide from /proc/pressure/memory (through
+//     prometheus/procfs) and, when present, from the cgroup v2 memory.pressure file of the
+//     kubelet's pod cgroup (kubepods.slice with the systemd cgroup driver, kubepods with
+//     cgroupfs). The worse of the two is judged;
+//   - MemAvailable against MemTotal from /proc/meminfo;
+//   - the kernel's OOM-kill counter (oom_kill in /proc/vmstat), reported as a metric and named
+//     in the message for OOMKillWindow after a kill.
 //
 // # Verdict and defaults
 //
-// The node turns Unhealthy when, for at least EnterAfter (default 30s, as systemd-oomd), every
-// check saw full avg10 >= PSIFullEnterPercent (default 25%) or MemAvailable below its enter
-// level (default the smaller of 5% of MemTotal and 1 GiB; the absolute cap keeps large,
-// densely packed nodes from being called unhealthy at tens of GiB free). It turns Healthy again
-// only when, for at least ExitAfter (default 2m), every check saw full avg10 below
-// PSIFullExitPercent (default 10%) and MemAvailable at or above its exit level (default the
-// smaller of 10% and 2 GiB). Readings between the levels keep the current verdict. The first
-// verdict after start is Healthy, so a node already under pressure is reported after
-// EnterAfter like any other.
+// PSI alone does not make a node unhealthy: a single container stalling against its own
+// cgroup limit raises it on a node with plenty of memory to spare. The node is under memory
+// pressure when either
+//
+//   - PSI full avg10 >= PSIFullEnterPercent (default 25%) while MemAvailable is below the low
+//     level (default the smaller of 10% of MemTotal and 2 GiB), reason MemoryPressure; or
+//   - MemAvailable is below the critical level (default the smaller of 5% of MemTotal and
+//     1 GiB) whatever PSI says, reason LowMemoryAvailable. The absolute caps keep large,
+//     densely packed nodes from being called short at tens of GiB free.
+//
+// The verdict turns Unhealthy when one of these held at every check for at least EnterAfter
+// (default 30s, as systemd-oomd), and Healthy again only when, for at least ExitAfter (default
+// 2m), PSI was below PSIFullExitPercent (default 10%) or MemAvailable at or above the low
+// level, and MemAvailable at or above the critical exit level (default the smaller of 10% and
+// 2 GiB). Readings between the levels keep the current verdict.
+//
+// A restarted agent does not forget: Seed sets the verdict from the MemoryHealthy condition
+// already on the Node, so an agent OOM-killed during pressure keeps reporting it (and the
+// condition its transition time) until the readings have been clear for ExitAfter.
+//
+// With OneShot (the `check` command) there is no history: each Check judges one reading, with
+// PSI full avg60 (a minute-long average stands in for EnterAfter) and the instant MemAvailable.
 //
 // # Kernels without PSI
 //
 // When the kernel has no memory PSI (Amazon Linux 2 with kernel 4.14, psi=0, CONFIG_PSI off)
-// the verdict falls back to meminfo alone and the Message says so. This is logged once, with
-// reason PSIUnsupported, not on every check, and Result.Err stays nil: it is a property of the
-// host, not a failure. If meminfo cannot be read either, the result is Unknown with reason
-// MeminfoUnreadable.
+// the verdict falls back to the critical MemAvailable rule alone and the Message says so. This
+// is logged once, with reason PSIUnsupported, not on every check, and Result.Err stays nil: it
+// is a property of the host, not a failure. If meminfo cannot be read, the result is Unknown
+// with reason MeminfoUnreadable. A missing or unreadable /proc/vmstat only drops the OOM-kill
+// count from the message.
 package memory
 
 import (
@@ -41,10 +56,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/procfs"
@@ -78,17 +95,24 @@ const (
 )
 
 // Defaults. They are deliberately conservative: a false "unhealthy" on a busy but working node
-// costs more trust than a verdict that arrives half a minute later.
+// costs more trust than a verdict that arrives half a minute later. docs/agent-verdicts.md
+// explains each.
 const (
 	DefaultPSIFullEnterPercent   = 25.0
 	DefaultPSIFullExitPercent    = 10.0
+	DefaultAvailableLowPercent   = 10.0
+	DefaultAvailableLowBytes     = 2 << 30
 	DefaultAvailableEnterPercent = 5.0
 	DefaultAvailableExitPercent  = 10.0
 	DefaultAvailableEnterBytes   = 1 << 30
 	DefaultAvailableExitBytes    = 2 << 30
 	DefaultEnterAfter            = 30 * time.Second
 	DefaultExitAfter             = 2 * time.Minute
+	DefaultOOMKillWindow         = 10 * time.Minute
 )
+
+// oomHistory bounds the OOM-kill counter history kept for the message.
+const oomHistory = 64
 
 // Config configures the memory check. Zero values select the documented defaults, so callers
 // set only what they mean to change.
@@ -108,10 +132,18 @@ type Config struct {
 	// not exceed PSIFullEnterPercent.
 	PSIFullExitPercent float64
 
-	// AvailableEnterPercent and AvailableEnterBytes set the MemAvailable level below which the
-	// node is short of memory: the smaller of the percentage of MemTotal and the byte count.
-	// A negative AvailableEnterPercent disables the meminfo rule while PSI is available; on
-	// a kernel without PSI meminfo is still judged, then with the default percentage.
+	// AvailableLowPercent and AvailableLowBytes set the "low" MemAvailable level (the smaller
+	// of the percentage of MemTotal and the byte count): PSI at or past its enter level counts
+	// only while MemAvailable is below it, so a container stalling against its own cgroup
+	// limit on a roomy node does not mark the node.
+	AvailableLowPercent float64
+	AvailableLowBytes   uint64
+
+	// AvailableEnterPercent and AvailableEnterBytes set the critical MemAvailable level below
+	// which the node is short of memory whatever PSI says: the smaller of the percentage of
+	// MemTotal and the byte count. A negative AvailableEnterPercent disables this rule while
+	// PSI is available; on a kernel without PSI it is still judged, then with the default
+	// percentage.
 	AvailableEnterPercent float64
 	AvailableEnterBytes   uint64
 	// AvailableExitPercent and AvailableExitBytes set the MemAvailable level (the smaller of
@@ -126,6 +158,12 @@ type Config struct {
 	// ExitAfter is how long the readings must stay below every exit level before the verdict
 	// turns Healthy again.
 	ExitAfter time.Duration
+
+	// OneShot judges each Check from its own reading, without hysteresis: PSI full avg60
+	// against the enter level, MemAvailable as read. The `check` command sets it.
+	OneShot bool
+	// OOMKillWindow is how long kernel OOM kills stay named in the message (default 10m).
+	OOMKillWindow time.Duration
 }
 
 // Collector is the memory check. It keeps the verdict between calls (that is what the
@@ -138,10 +176,14 @@ type Collector struct {
 
 	psiEnabled, memEnabled bool
 	psiEnter, psiExit      float64
+	availLowPct            float64
+	availLowBytes          uint64
 	availEnterPct          float64
 	availExitPct           float64
 	availEnterBytes        uint64
 	availExitBytes         uint64
+	oneShot                bool
+	oomWindow              time.Duration
 
 	mu      sync.Mutex
 	proc    procfs.FS
@@ -149,6 +191,18 @@ type Collector struct {
 	state   hysteresis
 	cause   string // reason recorded when the verdict last turned unhealthy
 	psiLost bool   // the PSI-unsupported message has been logged
+	// ooms holds oom_kill counter readings that differ from the previous one, newest last,
+	// within oomWindow; oomTotal is the latest reading (read by the metric).
+	ooms     []oomObs
+	oomTotal atomic.Uint64
+	oomOK    atomic.Bool
+}
+
+// oomObs is one change of the kernel's oom_kill counter.
+type oomObs struct {
+	at    time.Time
+	n     uint64
+	delta uint64 // kills since the previous reading (0 for the first one)
 }
 
 // New validates cfg, fills defaults and returns a Collector. It does not touch the host, so a
@@ -160,6 +214,10 @@ func New(cfg Config) (*Collector, error) {
 		log:             cfg.Logger,
 		psiEnter:        orDefault(cfg.PSIFullEnterPercent, DefaultPSIFullEnterPercent),
 		psiExit:         orDefault(cfg.PSIFullExitPercent, DefaultPSIFullExitPercent),
+		availLowPct:     orDefault(cfg.AvailableLowPercent, DefaultAvailableLowPercent),
+		availLowBytes:   orDefault(cfg.AvailableLowBytes, DefaultAvailableLowBytes),
+		oneShot:         cfg.OneShot,
+		oomWindow:       orDefault(cfg.OOMKillWindow, DefaultOOMKillWindow),
 		availEnterPct:   orDefault(cfg.AvailableEnterPercent, DefaultAvailableEnterPercent),
 		availExitPct:    orDefault(cfg.AvailableExitPercent, DefaultAvailableExitPercent),
 		availEnterBytes: orDefault(cfg.AvailableEnterBytes, DefaultAvailableEnterBytes),
@@ -202,6 +260,12 @@ func New(cfg Config) (*Collector, error) {
 	if c.availExitBytes < c.availEnterBytes {
 		return nil, fmt.Errorf("memory: AvailableExitBytes %d must be at least AvailableEnterBytes (%d)", c.availExitBytes, c.availEnterBytes)
 	}
+	if math.IsNaN(c.availLowPct) || c.availLowPct < 0 || c.availLowPct > 100 {
+		return nil, fmt.Errorf("memory: AvailableLowPercent %v must be between 0 and 100", cfg.AvailableLowPercent)
+	}
+	if cfg.OOMKillWindow < 0 {
+		return nil, fmt.Errorf("memory: OOMKillWindow (%v) must not be negative", cfg.OOMKillWindow)
+	}
 	if cfg.EnterAfter < 0 || cfg.ExitAfter < 0 {
 		return nil, fmt.Errorf("memory: EnterAfter (%v) and ExitAfter (%v) must not be negative", cfg.EnterAfter, cfg.ExitAfter)
 	}
@@ -228,6 +292,7 @@ type reading struct {
 	psiOK       bool    // a PSI value is available
 	psiFull     float64 // worst full avg10 over the sources read
 	psiAvg60    float64 // full avg60 of the same source
+	worst60     float64 // worst full avg60 over the sources read (one-shot judging)
 	psiSource   string  // "node" or "kubepods": where psiFull came from
 	nodeFull    float64
 	nodeOK      bool
@@ -239,6 +304,9 @@ type reading struct {
 	availBytes   uint64
 	totalBytes   uint64
 	availPercent float64
+
+	oomOK    bool   // /proc/vmstat carried oom_kill
+	oomKills uint64 // the kernel's oom_kill counter
 }
 
 // Check reads memory PSI and meminfo once, advances the hysteresis and returns the verdict.
@@ -263,9 +331,15 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 		return res
 	}
 	c.noteSupport(r.unsupported)
+	c.noteOOM(now, r)
 
 	breach, clear, cause := c.judge(r)
-	if c.state.observe(now, breach, clear) && c.state.unhealthy {
+	if c.oneShot {
+		c.state.unhealthy, c.cause = breach, cause
+		if !breach {
+			cause = ""
+		}
+	} else if c.state.observe(now, breach, clear) && c.state.unhealthy {
 		c.cause = cause
 	}
 	res.Status, res.Reason = collectors.StatusHealthy, ReasonNoMemoryPressure
@@ -278,7 +352,72 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 		}
 	}
 	res.Message = c.message(now, r)
+	if c.oneShot {
+		res.Inputs = c.inputs(r) // only `check` shows them; the agent's loop does not pay for them
+	}
 	return res
+}
+
+// Seed sets the verdict a freshly started collector begins with, from the MemoryHealthy
+// condition a previous agent left on the Node: an Unhealthy prior keeps the node unhealthy
+// (with the prior reason) until the readings have been clear for ExitAfter, instead of
+// starting Healthy and flipping the condition (and its transition time) on the first check.
+// Any other prior leaves the collector as it is. It is meant to be called once, before the
+// first Check; a one-shot collector ignores it.
+func (c *Collector) Seed(prior collectors.Prior) {
+	if c.oneShot || prior.Status != collectors.StatusUnhealthy {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.state.unhealthy, c.state.pendingSince = true, time.Time{}
+	c.cause = ReasonMemoryPressure
+	if prior.Reason == ReasonLowMemoryAvailable {
+		c.cause = ReasonLowMemoryAvailable
+	}
+}
+
+// OOMKills returns the kernel's oom_kill counter as last read, and whether it was readable.
+// The agent exports it as nodevigil_memory_oom_kills_total.
+func (c *Collector) OOMKills() (uint64, bool) { return c.oomTotal.Load(), c.oomOK.Load() }
+
+// noteOOM records the oom_kill counter and forgets changes older than the window.
+func (c *Collector) noteOOM(now time.Time, r reading) {
+	if !r.oomOK {
+		return
+	}
+	c.oomTotal.Store(r.oomKills)
+	c.oomOK.Store(true)
+	switch k := len(c.ooms); {
+	case k == 0:
+		c.ooms = append(c.ooms, oomObs{at: now, n: r.oomKills})
+	case r.oomKills > c.ooms[k-1].n:
+		c.ooms = append(c.ooms, oomObs{at: now, n: r.oomKills, delta: r.oomKills - c.ooms[k-1].n})
+	case r.oomKills < c.ooms[k-1].n: // counter went back: the host rebooted under us
+		c.ooms = append(c.ooms[:0], oomObs{at: now, n: r.oomKills})
+	}
+	// Keep the latest reading as the baseline; drop changes outside the window.
+	cutoff := now.Add(-c.oomWindow)
+	drop := 0
+	for drop < len(c.ooms)-1 && (c.ooms[drop].at.Before(cutoff) || len(c.ooms)-drop > oomHistory) {
+		drop++
+	}
+	if drop > 0 {
+		c.ooms = append(c.ooms[:0], c.ooms[drop:]...)
+	}
+}
+
+// recentOOMs returns how many kills the counter grew by within the window and the time of
+// the latest growth.
+func (c *Collector) recentOOMs(now time.Time) (n uint64, last time.Time) {
+	cutoff := now.Add(-c.oomWindow)
+	for _, o := range c.ooms {
+		if o.delta > 0 && !o.at.Before(cutoff) {
+			n += o.delta
+			last = o.at
+		}
+	}
+	return n, last
 }
 
 // read gathers meminfo and the PSI sources. The returned reason names the first source that
@@ -298,15 +437,27 @@ func (c *Collector) read() (reading, string, error) {
 			return r, ReasonPSIUnreadable, err
 		}
 	}
-	if c.memEnabled || !r.psiOK {
-		if err := c.readMeminfo(&r); err != nil {
-			if r.unsupported != nil {
-				err = fmt.Errorf("%w (and memory PSI is unsupported by this kernel)", err)
-			}
-			return r, ReasonMeminfoUnreadable, err
+	// MemAvailable is always read: the PSI rule needs it too.
+	if err := c.readMeminfo(&r); err != nil {
+		if r.unsupported != nil {
+			err = fmt.Errorf("%w (and memory PSI is unsupported by this kernel)", err)
 		}
+		return r, ReasonMeminfoUnreadable, err
 	}
+	c.readVMStat(&r)
 	return r, "", nil
+}
+
+// readVMStat reads the oom_kill counter; failures only drop it from the message.
+func (c *Collector) readVMStat(r *reading) {
+	f, err := os.Open(filepath.Join(c.hostRoot, "proc", "vmstat"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if n, err := parseOOMKills(f); err == nil {
+		r.oomOK, r.oomKills = true, n
+	}
 }
 
 func (c *Collector) readPSI(r *reading) error {
@@ -323,6 +474,7 @@ func (c *Collector) readPSI(r *reading) error {
 		}
 		r.nodeOK, r.nodeFull = true, st.Full.Avg10
 		r.psiOK, r.psiFull, r.psiAvg60, r.psiSource = true, st.Full.Avg10, st.Full.Avg60, "node"
+		r.worst60 = st.Full.Avg60
 	case isUnsupported(err):
 		nodeUnsupported = fmt.Errorf("%w: %w", errPSIUnsupported, err)
 	default:
@@ -341,6 +493,7 @@ func (c *Collector) readPSI(r *reading) error {
 		return fmt.Errorf("memory: read %s: %w", path, err)
 	default:
 		r.podsOK, r.podsFull = true, st.Full.Avg10
+		r.worst60 = max(r.worst60, st.Full.Avg60)
 		if !r.psiOK || st.Full.Avg10 > r.psiFull {
 			r.psiOK, r.psiFull, r.psiAvg60, r.psiSource = true, st.Full.Avg10, st.Full.Avg60, "kubepods"
 		}
@@ -383,33 +536,55 @@ func (c *Collector) noteSupport(unsupported error) {
 	}
 }
 
-// levels returns the MemAvailable enter and exit levels for a node of the given size.
+// levels returns the critical MemAvailable enter and exit levels for a node of the given size.
 func (c *Collector) levels(total uint64) (enter, exit uint64) {
 	enter = min(uint64(float64(total)*c.availEnterPct/100), c.availEnterBytes)
 	exit = min(uint64(float64(total)*c.availExitPct/100), c.availExitBytes)
 	return enter, exit
 }
 
+// lowLevel returns the MemAvailable level below which PSI counts.
+func (c *Collector) lowLevel(total uint64) uint64 {
+	return min(uint64(float64(total)*c.availLowPct/100), c.availLowBytes)
+}
+
+// psiValue is the PSI figure judged: the worst full avg10, or in one-shot mode the worst full
+// avg60 (one minute of stalls stands in for the EnterAfter a single reading cannot have).
+func (c *Collector) psiValue(r reading) float64 {
+	if c.oneShot {
+		return r.worst60
+	}
+	return r.psiFull
+}
+
 // judge turns one reading into the inputs of the hysteresis, and the reason that applies if
-// the node is (or becomes) unhealthy because of it: the most severe finding wins, PSI before
-// meminfo at the same severity because stalls are what hurt the kubelet.
+// the node is (or becomes) unhealthy because of it: the most severe finding wins, the
+// critical MemAvailable rule before PSI because it needs no corroboration.
+//
+//   - breach: MemAvailable below the critical level (rule on, or no PSI), or PSI at or past
+//     its enter level while MemAvailable is below the low level;
+//   - clear: MemAvailable at or above the critical exit level, and PSI below its exit level
+//     or MemAvailable at or above the low level;
+//   - anything else is between the levels.
 func (c *Collector) judge(r reading) (breach, clear bool, cause string) {
 	psi := c.psiEnabled && r.psiOK
-	// Meminfo is judged when its rule is on, and also when it is all there is.
-	mem := r.memOK && (c.memEnabled || !r.psiOK)
-	var enter, exit uint64
-	if mem {
+	crit := r.memOK && (c.memEnabled || !r.psiOK)
+	var enter, exit, low uint64
+	if r.memOK {
 		enter, exit = c.levels(r.totalBytes)
+		low = c.lowLevel(r.totalBytes)
 	}
+	memLow := r.memOK && r.availBytes < low
+	v := c.psiValue(r)
 	switch {
-	case psi && r.psiFull >= c.psiEnter:
-		return true, false, ReasonMemoryPressure
-	case mem && r.availBytes < enter:
+	case crit && r.availBytes < enter:
 		return true, false, ReasonLowMemoryAvailable
-	case psi && r.psiFull >= c.psiExit:
-		return false, false, ReasonMemoryPressure
-	case mem && r.availBytes < exit:
+	case psi && memLow && v >= c.psiEnter:
+		return true, false, ReasonMemoryPressure
+	case crit && r.availBytes < exit:
 		return false, false, ReasonLowMemoryAvailable
+	case psi && memLow && v >= c.psiExit:
+		return false, false, ReasonMemoryPressure
 	}
 	return false, true, ""
 }
@@ -421,6 +596,9 @@ func (c *Collector) message(now time.Time, r reading) string {
 	switch {
 	case r.psiOK:
 		fmt.Fprintf(&b, "memory PSI full avg10=%.2f%% avg60=%.2f%%", r.psiFull, r.psiAvg60)
+		if c.oneShot {
+			fmt.Fprintf(&b, " (one reading: worst avg60 %.2f%% judged)", r.worst60)
+		}
 		if r.nodeOK && r.podsOK {
 			other, otherVal := "node", r.nodeFull
 			if r.psiSource == "node" {
@@ -438,10 +616,20 @@ func (c *Collector) message(now time.Time, r reading) string {
 	}
 	if r.memOK {
 		enter, exit := c.levels(r.totalBytes)
-		fmt.Fprintf(&b, ", MemAvailable %s of %s (%.1f%%; enter below %s, exit at %s)",
-			fmtBytes(r.availBytes), fmtBytes(r.totalBytes), r.availPercent, fmtBytes(enter), fmtBytes(exit))
+		fmt.Fprintf(&b, ", MemAvailable %s of %s (%.1f%%; ", fmtBytes(r.availBytes), fmtBytes(r.totalBytes), r.availPercent)
+		if c.psiEnabled && r.psiOK {
+			fmt.Fprintf(&b, "PSI counts below %s, ", fmtBytes(c.lowLevel(r.totalBytes)))
+		}
+		fmt.Fprintf(&b, "critical below %s, clear at %s)", fmtBytes(enter), fmtBytes(exit))
+		if c.psiEnabled && r.psiOK && c.psiValue(r) >= c.psiEnter && r.availBytes >= c.lowLevel(r.totalBytes) {
+			b.WriteString("; PSI is high but memory is not low: a cgroup stalling at its own limit, not the node")
+		}
 	}
-	if elapsed, need, ok := c.state.pending(now); ok {
+	if n, last := c.recentOOMs(now); n > 0 {
+		fmt.Fprintf(&b, "; kernel OOM killer killed %d process(es) in the last %v, latest seen %v ago (vmstat oom_kill %d)",
+			n, c.oomWindow, now.Sub(last).Round(time.Second), r.oomKills)
+	}
+	if elapsed, need, ok := c.state.pending(now); ok && !c.oneShot {
 		to := "unhealthy"
 		if c.state.unhealthy {
 			to = "healthy"
@@ -449,6 +637,48 @@ func (c *Collector) message(now time.Time, r reading) string {
 		fmt.Fprintf(&b, "; %s in %v unless readings change (%v of %v)", to, (need - elapsed).Round(time.Second), elapsed.Round(time.Second), need)
 	}
 	return b.String()
+}
+
+// inputs lists what the verdict was computed from, for `check --explain`.
+func (c *Collector) inputs(r reading) []collectors.Input {
+	var in []collectors.Input
+	if r.psiOK && c.psiEnabled {
+		window := "avg10"
+		if c.oneShot {
+			window = "avg60"
+		}
+		if r.nodeOK {
+			in = append(in, collectors.Input{Name: "psi.full (node)", Source: "/proc/pressure/memory",
+				Value: fmt.Sprintf("avg10=%.2f%%", r.nodeFull)})
+		}
+		if r.podsOK {
+			in = append(in, collectors.Input{Name: "psi.full (kubepods)", Source: "memory.pressure of the kubepods cgroup",
+				Value: fmt.Sprintf("avg10=%.2f%%", r.podsFull)})
+		}
+		in = append(in, collectors.Input{Name: "psi.full." + window + " judged", Source: r.psiSource,
+			Value:     fmt.Sprintf("%.2f%%", c.psiValue(r)),
+			Threshold: fmt.Sprintf(">= %s%% with MemAvailable below the low level (exit below %s%%)", fmtPct(c.psiEnter), fmtPct(c.psiExit))})
+	} else if r.unsupported != nil {
+		in = append(in, collectors.Input{Name: "psi.full", Source: "/proc/pressure/memory", Value: "unsupported by this kernel"})
+	}
+	if r.memOK {
+		enter, exit := c.levels(r.totalBytes)
+		in = append(in,
+			collectors.Input{Name: "MemTotal", Source: "/proc/meminfo", Value: fmtBytes(r.totalBytes)},
+			collectors.Input{Name: "MemAvailable", Source: "/proc/meminfo", Value: fmt.Sprintf("%s (%.1f%%)", fmtBytes(r.availBytes), r.availPercent),
+				Threshold: fmt.Sprintf("low < %s (min %s%%, %s); critical < %s (min %s%%, %s); clear >= %s",
+					fmtBytes(c.lowLevel(r.totalBytes)), fmtPct(c.availLowPct), fmtBytes(c.availLowBytes),
+					fmtBytes(enter), fmtPct(c.availEnterPct), fmtBytes(c.availEnterBytes), fmtBytes(exit))})
+	}
+	if r.oomOK {
+		in = append(in, collectors.Input{Name: "oom_kill", Source: "/proc/vmstat", Value: strconv.FormatUint(r.oomKills, 10),
+			Threshold: fmt.Sprintf("informational; growth named for %v", c.oomWindow)})
+	}
+	if !c.oneShot {
+		in = append(in, collectors.Input{Name: "hysteresis", Value: fmt.Sprintf("unhealthy=%v", c.state.unhealthy),
+			Threshold: fmt.Sprintf("enter after %v, exit after %v", c.state.enterAfter, c.state.exitAfter)})
+	}
+	return in
 }
 
 // fmtPct prints a threshold without trailing zeros: 25, 2.5.

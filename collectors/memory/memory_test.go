@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,17 +40,24 @@ func TestCheckFixtures(t *testing.T) {
 		{
 			name: "healthy", host: "healthy",
 			first: collectors.StatusHealthy, status: collectors.StatusHealthy, reason: ReasonNoMemoryPressure,
-			msg: []string{"full avg10=0.50% avg60=0.20% from node (enter 25%, exit 10%)", "MemAvailable 5.0Gi of 7.6Gi (65.8%; enter below 389Mi, exit at 779Mi)"},
+			msg: []string{"full avg10=0.50% avg60=0.20% from node (enter 25%, exit 10%)", "MemAvailable 5.0Gi of 7.6Gi (65.8%; PSI counts below 779Mi, critical below 389Mi, clear at 779Mi)"},
 		},
 		{
-			name: "node PSI over enter level", host: "pressure",
+			// One container stalling against its own cgroup limit raises node PSI too; with
+			// 65% of memory available the node is not short and must not be marked.
+			name: "node PSI over enter level on a roomy node is not pressure", host: "pressure",
+			first: collectors.StatusHealthy, status: collectors.StatusHealthy, reason: ReasonNoMemoryPressure,
+			msg: []string{"full avg10=32.10% avg60=20.00% from node (enter 25%, exit 10%)", "PSI is high but memory is not low"},
+		},
+		{
+			name: "node PSI over enter level while MemAvailable is low", host: "pressure-lowmem",
 			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonMemoryPressure,
-			msg: []string{"full avg10=32.10% avg60=20.00% from node (enter 25%, exit 10%)"},
+			msg: []string{"full avg10=32.10% avg60=28.00% from node (enter 25%, exit 10%)", "MemAvailable 545Mi of 7.6Gi (7.0%; PSI counts below 779Mi"},
 		},
 		{
 			name: "MemAvailable under enter level", host: "lowmem",
 			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonLowMemoryAvailable,
-			msg: []string{"MemAvailable 312Mi of 7.6Gi (4.0%; enter below 389Mi, exit at 779Mi)"},
+			msg: []string{"MemAvailable 312Mi of 7.6Gi (4.0%; PSI counts below 779Mi, critical below 389Mi, clear at 779Mi)"},
 		},
 		{
 			name: "no PSI falls back to meminfo", host: "no-psi",
@@ -65,7 +73,7 @@ func TestCheckFixtures(t *testing.T) {
 			name: "no PSI, meminfo rule disabled, still judged by meminfo", host: "no-psi-lowmem",
 			cfg:   func(c *Config) { c.AvailableEnterPercent = -1 },
 			first: collectors.StatusHealthy, status: collectors.StatusUnhealthy, reason: ReasonLowMemoryAvailable,
-			msg: []string{"PSI unsupported", "(4.0%; enter below 389Mi, exit at 779Mi)"},
+			msg: []string{"PSI unsupported", "(4.0%; critical below 389Mi, clear at 779Mi)"},
 		},
 		{
 			name: "PSI rule disabled", host: "pressure",
@@ -235,10 +243,10 @@ const (
 // becomeUnhealthy drives a fresh collector (checks every 10s, EnterAfter 30s) into the
 // unhealthy verdict through PSI.
 var becomeUnhealthy = []step{
-	{full10: 40, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-	{advance: 10 * time.Second, full10: 40, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-	{advance: 10 * time.Second, full10: 40, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-	{advance: 10 * time.Second, full10: 40, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+	{full10: 40, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+	{advance: 10 * time.Second, full10: 40, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+	{advance: 10 * time.Second, full10: 40, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+	{advance: 10 * time.Second, full10: 40, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure},
 }
 
 func TestHysteresis(t *testing.T) {
@@ -254,13 +262,13 @@ func TestHysteresis(t *testing.T) {
 		{
 			name: "reading between the levels restarts the enter clock",
 			steps: []step{
-				{full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 24, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+				{full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 24, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure},
 			},
 		},
 		{
@@ -272,7 +280,7 @@ func TestHysteresis(t *testing.T) {
 					if i%2 == 0 {
 						v = 26
 					}
-					s = append(s, step{advance: tick, full10: v, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure})
+					s = append(s, step{advance: tick, full10: v, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure})
 				}
 				return s
 			}(),
@@ -286,7 +294,7 @@ func TestHysteresis(t *testing.T) {
 					if i%2 == 0 {
 						v = 11
 					}
-					s = append(s, step{advance: tick, full10: v, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure})
+					s = append(s, step{advance: tick, full10: v, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure})
 				}
 				return s
 			}()),
@@ -295,10 +303,10 @@ func TestHysteresis(t *testing.T) {
 			name: "between the levels stays unhealthy; exits only after ExitAfter below the exit level",
 			steps: concat(
 				becomeUnhealthy,
-				repeat(18, step{advance: tick, full10: 15, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure}),
+				repeat(18, step{advance: tick, full10: 15, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure}),
 				// Below exit from here: pending since the first of these, 60s needed.
-				repeat(6, step{advance: tick, full10: 5, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure}),
-				[]step{{advance: tick, full10: 5, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure}},
+				repeat(6, step{advance: tick, full10: 5, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure}),
+				[]step{{advance: tick, full10: 5, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure}},
 			),
 		},
 		{
@@ -313,21 +321,32 @@ func TestHysteresis(t *testing.T) {
 			),
 		},
 		{
+			name: "PSI alone never marks the node; memory running low with it does",
+			steps: concat(
+				repeat(12, step{advance: tick, full10: 60, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure}),
+				repeat(3, step{advance: tick, full10: 60, availPc: 19, status: healthy, reason: ReasonNoMemoryPressure}),
+				[]step{{advance: tick, full10: 60, availPc: 19, status: unhealthy, reason: ReasonMemoryPressure}},
+				// Memory comes back while PSI stays high: clear (a cgroup at its own limit).
+				repeat(6, step{advance: tick, full10: 60, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure}),
+				[]step{{advance: tick, full10: 60, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure}},
+			),
+		},
+		{
 			name: "a failed read restarts the enter clock",
 			steps: []step{
-				{full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, psiText: "garbage", availPc: 50, status: unknown, reason: ReasonPSIUnreadable},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure},
-				{advance: tick, full10: 30, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+				{full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, psiText: "garbage", availPc: 15, status: unknown, reason: ReasonPSIUnreadable},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: healthy, reason: ReasonNoMemoryPressure},
+				{advance: tick, full10: 30, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure},
 			},
 		},
 		{
 			name: "a failed read keeps the verdict",
 			steps: concat(becomeUnhealthy, []step{
-				{advance: tick, psiText: "some avg10=1", availPc: 50, status: unknown, reason: ReasonPSIUnreadable},
-				{advance: tick, full10: 40, availPc: 50, status: unhealthy, reason: ReasonMemoryPressure},
+				{advance: tick, psiText: "some avg10=1", availPc: 15, status: unknown, reason: ReasonPSIUnreadable},
+				{advance: tick, full10: 40, availPc: 15, status: unhealthy, reason: ReasonMemoryPressure},
 			}),
 		},
 		{
@@ -347,6 +366,9 @@ func TestHysteresis(t *testing.T) {
 			c, err := New(Config{
 				HostRoot: root, Now: clk.Now, Logger: discardLogger(),
 				EnterAfter: 30 * time.Second, ExitAfter: 60 * time.Second,
+				// PSI counts below 20% available: the PSI scenarios run at 15%, above the
+				// critical exit level (10%), so only the PSI rule is in play.
+				AvailableLowPercent: 20,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -373,7 +395,7 @@ func TestPendingChangeInMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeHost(t, root, step{full10: 40, availPc: 50})
+	writeHost(t, root, step{full10: 40, availPc: 8})
 	c.Check(context.Background())
 	clk.SetTime(t0.Add(12 * time.Second))
 	res := c.Check(context.Background())
@@ -479,5 +501,203 @@ func BenchmarkCheck(b *testing.B) {
 		if res := c.Check(ctx); res.Err != nil {
 			b.Fatal(res.Err)
 		}
+	}
+}
+
+// TestSeedFromPriorCondition: an agent restarted (or OOM-killed) during pressure must keep
+// reporting it from the first check, with the prior reason, until the readings have been
+// clear for ExitAfter; an unseeded collector would report Healthy at once.
+func TestSeedFromPriorCondition(t *testing.T) {
+	const tick = 10 * time.Second
+	tests := []struct {
+		name  string
+		prior collectors.Prior
+		seed  bool
+		steps []step
+	}{
+		{
+			name:  "unhealthy prior survives a restart during pressure",
+			prior: collectors.Prior{Status: unhealthy, Reason: ReasonMemoryPressure, Since: t0.Add(-time.Hour)}, seed: true,
+			steps: []step{
+				{full10: 40, availPc: 8, status: unhealthy, reason: ReasonMemoryPressure},
+				{advance: tick, full10: 40, availPc: 8, status: unhealthy, reason: ReasonMemoryPressure},
+			},
+		},
+		{
+			name:  "unhealthy prior with clear readings exits only after ExitAfter",
+			prior: collectors.Prior{Status: unhealthy, Reason: ReasonLowMemoryAvailable}, seed: true,
+			steps: concat(
+				repeat(6, step{advance: tick, full10: 0, availPc: 50, status: unhealthy, reason: ReasonLowMemoryAvailable}),
+				[]step{{advance: tick, full10: 0, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure}},
+			),
+		},
+		{
+			name:  "healthy prior changes nothing",
+			prior: collectors.Prior{Status: healthy, Reason: ReasonNoMemoryPressure}, seed: true,
+			steps: []step{{full10: 40, availPc: 8, status: healthy, reason: ReasonNoMemoryPressure}},
+		},
+		{
+			name:  "unknown prior changes nothing",
+			prior: collectors.Prior{Status: unknown, Reason: ReasonPSIUnreadable}, seed: true,
+			steps: []step{{full10: 0, availPc: 50, status: healthy, reason: ReasonNoMemoryPressure}},
+		},
+		{
+			name: "without a seed the restarted agent starts healthy",
+			steps: []step{
+				{full10: 40, availPc: 8, status: healthy, reason: ReasonNoMemoryPressure},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			clk := testingclock.NewFakePassiveClock(t0)
+			c, err := New(Config{HostRoot: root, Now: clk.Now, Logger: discardLogger(), ExitAfter: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.seed {
+				c.Seed(tt.prior)
+			}
+			now := t0
+			for i, s := range tt.steps {
+				now = now.Add(s.advance)
+				clk.SetTime(now)
+				writeHost(t, root, s)
+				res := c.Check(context.Background())
+				if res.Status != s.status || res.Reason != s.reason {
+					t.Fatalf("step %d: got %s/%s (%s), want %s/%s", i, res.Status, res.Reason, res.Message, s.status, s.reason)
+				}
+			}
+		})
+	}
+}
+
+// TestOneShot: `check` has one reading and no history; it judges PSI full avg60 and the
+// instant MemAvailable and reports pressure at once.
+func TestOneShot(t *testing.T) {
+	tests := []struct {
+		name    string
+		host    string
+		psi     string // if set, overrides the fixture's PSI file (written to a copy)
+		status  collectors.Status
+		reason  string
+		msg     []string
+		noInput bool
+	}{
+		{name: "pressure with low memory", host: "pressure-lowmem", status: unhealthy, reason: ReasonMemoryPressure,
+			msg: []string{"one reading: worst avg60 28.00% judged"}},
+		{name: "critically low memory", host: "lowmem", status: unhealthy, reason: ReasonLowMemoryAvailable},
+		{name: "PSI alone on a roomy node", host: "pressure", status: healthy, reason: ReasonNoMemoryPressure},
+		{name: "healthy", host: "healthy", status: healthy, reason: ReasonNoMemoryPressure},
+		{name: "a short spike (avg10 high, avg60 low) is not sustained pressure", host: "pressure-lowmem",
+			psi:    "some avg10=80.00 avg60=5.00 avg300=1.00 total=1\nfull avg10=70.00 avg60=4.00 avg300=1.00 total=1\n",
+			status: healthy, reason: ReasonNoMemoryPressure},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			host := filepath.Join("testdata", "hosts", tt.host)
+			if tt.psi != "" {
+				root := t.TempDir()
+				data, err := os.ReadFile(filepath.Join(host, "proc/meminfo"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				writeFiles(t, root, map[string]string{"proc/meminfo": string(data), "proc/pressure/memory": tt.psi})
+				host = root
+			}
+			c, err := New(Config{HostRoot: host, Logger: discardLogger(), OneShot: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := c.Check(context.Background())
+			if res.Status != tt.status || res.Reason != tt.reason {
+				t.Fatalf("got %s/%s (%s), want %s/%s", res.Status, res.Reason, res.Message, tt.status, tt.reason)
+			}
+			if strings.Contains(res.Message, "unless readings change") {
+				t.Errorf("one-shot message promises a future change: %q", res.Message)
+			}
+			for _, m := range tt.msg {
+				if !strings.Contains(res.Message, m) {
+					t.Errorf("message %q lacks %q", res.Message, m)
+				}
+			}
+			var names []string
+			for _, in := range res.Inputs {
+				names = append(names, in.Name)
+			}
+			if !slices.Contains(names, "MemAvailable") {
+				t.Errorf("inputs %v lack MemAvailable", names)
+			}
+		})
+	}
+}
+
+func writeFiles(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for name, data := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOOMKills: growth of the kernel's oom_kill counter is named in the message for the
+// window and exposed through OOMKills; a host without the counter just omits it.
+func TestOOMKills(t *testing.T) {
+	root := t.TempDir()
+	clk := testingclock.NewFakePassiveClock(t0)
+	c, err := New(Config{HostRoot: root, Now: clk.Now, Logger: discardLogger(), OOMKillWindow: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(advance time.Duration, vmstat string) collectors.Result {
+		t.Helper()
+		clk.SetTime(clk.Now().Add(advance))
+		writeHost(t, root, step{availPc: 50})
+		path := filepath.Join(root, "proc/vmstat")
+		if vmstat == "" {
+			_ = os.Remove(path)
+		} else {
+			writeFiles(t, root, map[string]string{"proc/vmstat": vmstat})
+		}
+		return c.Check(context.Background())
+	}
+	if _, ok := c.OOMKills(); ok {
+		t.Fatal("OOMKills readable before any check")
+	}
+	res := check(0, "pgfault 1\noom_kill 3\n")
+	if strings.Contains(res.Message, "OOM killer") {
+		t.Errorf("kills from before the agent started named as recent: %q", res.Message)
+	}
+	if n, ok := c.OOMKills(); !ok || n != 3 {
+		t.Errorf("OOMKills = %d, %v; want 3, true", n, ok)
+	}
+	res = check(10*time.Second, "pgfault 1\noom_kill 5\n")
+	if want := "kernel OOM killer killed 2 process(es) in the last 5m0s, latest seen 0s ago (vmstat oom_kill 5)"; !strings.Contains(res.Message, want) {
+		t.Errorf("message %q lacks %q", res.Message, want)
+	}
+	if res.Status != healthy {
+		t.Errorf("an OOM kill alone changed the verdict: %s/%s", res.Status, res.Reason)
+	}
+	res = check(time.Minute, "oom_kill 6\n")
+	if want := "killed 3 process(es) in the last 5m0s, latest seen 0s ago"; !strings.Contains(res.Message, want) {
+		t.Errorf("message %q lacks %q", res.Message, want)
+	}
+	res = check(4*time.Minute+30*time.Second, "oom_kill 6\n")
+	if want := "killed 1 process(es) in the last 5m0s, latest seen 4m30s ago"; !strings.Contains(res.Message, want) {
+		t.Errorf("message %q lacks %q", res.Message, want)
+	}
+	res = check(time.Minute, "oom_kill 6\n")
+	if strings.Contains(res.Message, "OOM killer") {
+		t.Errorf("kills older than the window still named: %q", res.Message)
+	}
+	res = check(time.Second, "")
+	if res.Status != healthy || res.Err != nil {
+		t.Errorf("missing /proc/vmstat: %s err=%v, want healthy without error", res.Status, res.Err)
 	}
 }

@@ -10,9 +10,10 @@
 // (CHECK STATUS REASON MESSAGE) or, with --output json, an array of
 // {check,status,reason,message}. Exit codes:
 //
-//	0  no check is Unhealthy. Unknown results (the check could not observe, e.g. no systemd
-//	   in a container or a kernel without PSI) are listed in a warning on stderr but do not
-//	   fail the command, so it stays usable on hosts that lack one data source.
+//	0  no check is Unhealthy. Warning results (configuration advisories) never fail the
+//	   command. Unknown results (the check could not observe, e.g. no systemd in a container
+//	   or a kernel without PSI) are listed in a warning on stderr but do not fail the
+//	   command, so it stays usable on hosts that lack one data source.
 //	   With --strict, Unknown fails the command like Unhealthy.
 //	1  at least one check is Unhealthy (or Unknown with --strict), or the agent failed.
 //	2  usage or configuration error.
@@ -145,11 +146,24 @@ func loadConfig(mode config.Mode, args []string, stderr io.Writer) (*config.Conf
 
 // buildChecks wires the concrete collectors, in the order `check` prints them.
 func buildChecks(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(), error) {
-	mem, err := memory.New(memory.Config{HostRoot: cfg.HostRoot, Logger: log})
+	m := cfg.Memory
+	mem, err := memory.New(memory.Config{
+		HostRoot: cfg.HostRoot, Logger: log, OneShot: cfg.OneShot,
+		PSIFullEnterPercent: m.PSIFullEnterPercent, PSIFullExitPercent: m.PSIFullExitPercent,
+		AvailableLowPercent: m.AvailableLowPercent, AvailableLowBytes: m.AvailableLowMiB << 20,
+		AvailableEnterPercent: m.AvailableCriticalPercent, AvailableEnterBytes: m.AvailableCriticalMiB << 20,
+		AvailableExitPercent: m.AvailableClearPercent, AvailableExitBytes: m.AvailableClearMiB << 20,
+		EnterAfter: m.EnterAfter.Duration, ExitAfter: m.ExitAfter.Duration,
+	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("memory check: %w", err)
+		return nil, nil, fmt.Errorf("memory check (config file section memory): %w", err)
 	}
-	kub, err := kubelet.New(kubelet.Config{HostRoot: cfg.HostRoot, Unit: cfg.KubeletUnit, HealthzURL: cfg.KubeletHealthzURL, Logger: log})
+	threshold := cfg.KubeletHealthzFailureThreshold
+	if cfg.OneShot {
+		threshold = 1 // one reading: a refused or failing /healthz is the answer
+	}
+	kub, err := kubelet.New(kubelet.Config{HostRoot: cfg.HostRoot, Unit: cfg.KubeletUnit, HealthzURL: cfg.KubeletHealthzURL,
+		HealthzFailureThreshold: threshold, Logger: log})
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubelet check: %w", err)
 	}
@@ -261,10 +275,11 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 
 // checkOutput is one line of `check --output json`.
 type checkOutput struct {
-	Check   string `json:"check"`
-	Status  string `json:"status"`
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
+	Check   string             `json:"check"`
+	Status  string             `json:"status"`
+	Reason  string             `json:"reason"`
+	Message string             `json:"message"`
+	Inputs  []collectors.Input `json:"inputs,omitempty"`
 }
 
 // checkRunTimeout bounds each check in `check` mode (collectors bound themselves; this is the
@@ -285,14 +300,21 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, buil
 	defer closeChecks()
 
 	results := agent.RunOnce(ctx, checks, checkRunTimeout, log)
-	if err := printResults(stdout, cfg.Output, results); err != nil {
+	if err := printResults(stdout, cfg.Output, cfg.Explain, results); err != nil {
 		fmt.Fprintf(stderr, "error: write output: %v\n", err)
 		return exitFailed
 	}
+	return checkExitCode(stderr, cfg.Strict, results)
+}
+
+// checkExitCode maps the verdicts onto the documented exit code: 1 only for Unhealthy (or
+// Unknown with strict). Warnings are advisories and never fail the command; Unknown results
+// are named on stderr with what could not be observed.
+func checkExitCode(stderr io.Writer, strict bool, results []collectors.Result) int {
 	var unhealthy, unknown []string
 	for _, r := range results {
 		switch r.Status {
-		case collectors.StatusHealthy:
+		case collectors.StatusHealthy, collectors.StatusWarning:
 		case collectors.StatusUnhealthy:
 			unhealthy = append(unhealthy, r.Check)
 		default:
@@ -301,26 +323,32 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, buil
 	}
 	if len(unknown) > 0 {
 		verdict := "not counted as failures (use --strict to fail on them)"
-		if cfg.Strict {
+		if strict {
 			verdict = "counted as failures (--strict)"
 		}
-		fmt.Fprintf(stderr, "warning: could not observe %s; %s\n", strings.Join(unknown, ", "), verdict)
+		fmt.Fprintf(stderr, "warning: could not observe %s (see each message for what is missing and the mount or flag that provides it); %s\n",
+			strings.Join(unknown, ", "), verdict)
 	}
-	if len(unhealthy) > 0 || (cfg.Strict && len(unknown) > 0) {
+	if len(unhealthy) > 0 || (strict && len(unknown) > 0) {
 		return exitFailed
 	}
 	return exitOK
 }
 
-// printResults writes the results as an aligned table or a JSON array.
-func printResults(w io.Writer, format string, results []collectors.Result) error {
+// printResults writes the results as an aligned table or a JSON array; with explain, every
+// input and threshold behind each verdict follows it.
+func printResults(w io.Writer, format string, explain bool, results []collectors.Result) error {
 	if format == config.OutputJSON {
 		out := make([]checkOutput, len(results))
 		for i, r := range results {
 			out[i] = checkOutput{Check: r.Check, Status: string(r.Status), Reason: r.Reason, Message: r.Message}
+			if explain {
+				out[i].Inputs = r.Inputs
+			}
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false) // thresholds read "< 389Mi", not "\u003c 389Mi"
 		return enc.Encode(out)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -329,5 +357,27 @@ func printResults(w io.Writer, format string, results []collectors.Result) error
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Check, r.Status, r.Reason, oneLine.Replace(r.Message))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil || !explain {
+		return err
+	}
+	for _, r := range results {
+		fmt.Fprintf(w, "\n%s (%s/%s) inputs:\n", r.Check, r.Status, r.Reason)
+		if len(r.Inputs) == 0 {
+			fmt.Fprintln(w, "  (this check lists no separate inputs; its message carries the values it read)")
+			continue
+		}
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  INPUT\tVALUE\tTHRESHOLD\tSOURCE")
+		for _, in := range r.Inputs {
+			th := in.Threshold
+			if th == "" {
+				th = "-"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", in.Name, oneLine.Replace(in.Value), oneLine.Replace(th), in.Source)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -50,7 +50,8 @@ func TestCheckExitCodes(t *testing.T) {
 		{"all healthy", nil, healthy, 0, ""},
 		{"one unhealthy", nil, append(healthy, res("cni", collectors.StatusUnhealthy, "NoCNIConfig", "none")), 1, ""},
 		{"unknown only warns", nil, append(healthy, res("cni", collectors.StatusUnknown, "CNIUnreadable", "eacces")), 0,
-			"warning: could not observe cni; not counted as failures (use --strict to fail on them)"},
+			"warning: could not observe cni (see each message for what is missing and the mount or flag that provides it); not counted as failures (use --strict to fail on them)"},
+		{"warning is an advisory, exit 0", nil, append(healthy, res("kubelet-config", collectors.StatusWarning, "StartupTaintNotRegistered", "advice")), 0, ""},
 		{"unknown with --strict fails", []string{"--strict"}, append(healthy, res("cni", collectors.StatusUnknown, "CNIUnreadable", "eacces")), 1,
 			"counted as failures (--strict)"},
 		{"unhealthy and unknown", nil, append(healthy, res("cni", collectors.StatusUnhealthy, "X", ""), res("kubelet-config", collectors.StatusUnknown, "Y", "")), 1, "kubelet-config"},
@@ -58,7 +59,7 @@ func TestCheckExitCodes(t *testing.T) {
 		{"unknown flag", []string{"--bogus"}, healthy, 2, "flag provided but not defined: -bogus"},
 		{"run-only flag", []string{"--node-name", "n"}, healthy, 2, "-node-name"},
 		{"missing host root", []string{"--host-root", "testdata/hosts/nope"}, healthy, 2, `hostRoot "testdata/hosts/nope" is not a directory`},
-		{"help", []string{"-h"}, healthy, 0, "-output"},
+		{"help", []string{"-h"}, healthy, 0, "Exit codes:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -221,5 +222,38 @@ func TestProcs(t *testing.T) {
 		if got := procs(tc.current, tc.envSet); got != tc.want {
 			t.Errorf("procs(%d, env set %v) = %d, want %d", tc.current, tc.envSet, got, tc.want)
 		}
+	}
+}
+
+// TestBadFlagReportedOnce: one line naming the flag, not the flag package's message plus the
+// whole usage plus ours.
+func TestBadFlagReportedOnce(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	closed := false
+	code := run(context.Background(), []string{"check", "--bogus"}, &stdout, &stderr, fakeBuild(&closed))
+	if code != 2 || strings.Count(stderr.String(), "bogus") != 1 || strings.Count(stderr.String(), "\n") != 1 || stdout.Len() != 0 {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 and the error once on stderr", code, stdout.String(), stderr.String())
+	}
+}
+
+func TestCheckExplain(t *testing.T) {
+	r := res("memory", collectors.StatusUnhealthy, "MemoryPressure", "stalls")
+	r.Inputs = []collectors.Input{{Name: "MemAvailable", Source: "/proc/meminfo", Value: "300Mi (3.9%)", Threshold: "critical < 389Mi"}}
+	var stdout, stderr bytes.Buffer
+	closed := false
+	code := run(context.Background(), []string{"check", "--host-root", "testdata/hosts/healthy", "--explain"}, &stdout, &stderr,
+		fakeBuild(&closed, r, res("cni", collectors.StatusHealthy, "CNIReady", "ok")))
+	if code != 1 {
+		t.Fatalf("exit = %d", code)
+	}
+	for _, want := range []string{"memory (Unhealthy/MemoryPressure) inputs:", "MemAvailable  300Mi (3.9%)  critical < 389Mi  /proc/meminfo", "cni (Healthy/CNIReady) inputs:"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("explain output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	stdout.Reset()
+	run(context.Background(), []string{"check", "--host-root", "testdata/hosts/healthy", "--explain", "--output=json"}, &stdout, &stderr, fakeBuild(&closed, r))
+	if !strings.Contains(stdout.String(), `"threshold": "critical < 389Mi"`) {
+		t.Errorf("json explain lacks the inputs:\n%s", stdout.String())
 	}
 }

@@ -21,6 +21,8 @@ func TestConfigCheck(t *testing.T) {
 		reason   string
 		message  []string // substrings
 		wantErr  bool
+		// missingUnhealthy sets ConfigCheckConfig.MissingIsUnhealthy.
+		missingUnhealthy bool
 	}{
 		{
 			host:     "flag-valid",
@@ -34,7 +36,8 @@ func TestConfigCheck(t *testing.T) {
 			expected: []string{ciliumTaint + ":NoExecute"},
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
-			message: []string{`kubelet pid 1234: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; ` +
+			message: []string{`kubelet pid 1234: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has quote characters inside the value: ` +
+				`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoExecute\""; the kubelet rejects the whole flag and exits; ` +
 				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
 		},
 		{
@@ -42,13 +45,14 @@ func TestConfigCheck(t *testing.T) {
 			expected: []string{ciliumTaint},
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
-			message:  []string{"has stray quote characters; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes"},
+			message:  []string{"the kubelet rejects the whole flag and exits; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes"},
 		},
 		{
-			host:     "flag-overrides-config",
-			expected: []string{ciliumTaint + ":NoExecute"},
-			status:   collectors.StatusUnhealthy,
-			reason:   ReasonStartupTaintMissing,
+			host:             "flag-overrides-config",
+			expected:         []string{ciliumTaint + ":NoExecute"},
+			status:           collectors.StatusUnhealthy,
+			missingUnhealthy: true,
+			reason:           ReasonStartupTaintMissing,
 			message: []string{`expected startup taint "node.cilium.io/agent-not-ready:NoExecute" is not registered by the kubelet; ` +
 				`pass --register-with-taints=other.example.com/x:NoSchedule,node.cilium.io/agent-not-ready:NoExecute to the kubelet`},
 		},
@@ -57,12 +61,12 @@ func TestConfigCheck(t *testing.T) {
 			expected: []string{ciliumTaint + "=true:NoExecute"},
 			status:   collectors.StatusHealthy,
 			reason:   ReasonKubeletConfigValid,
-			message:  []string{"from ", filepath.Join("config-valid", "etc/kubernetes/kubelet/config.yaml")},
+			message:  []string{"from ", " /etc/kubernetes/kubelet/config.yaml;"},
 		},
 		{
 			host:     "config-valid",
 			expected: []string{ciliumTaint + ":NoSchedule"},
-			status:   collectors.StatusUnhealthy,
+			status:   collectors.StatusHealthy, // an advisory
 			reason:   ReasonStartupTaintMissing,
 			message: []string{
 				"(registered with effect NoExecute instead of NoSchedule)",
@@ -72,12 +76,12 @@ func TestConfigCheck(t *testing.T) {
 		{
 			host:     "config-missing-taint",
 			expected: []string{ciliumTaint + "=true:NoExecute", "readiness.k8s.io/network"},
-			status:   collectors.StatusUnhealthy,
+			status:   collectors.StatusHealthy, // an advisory
 			reason:   ReasonStartupTaintMissing,
 			message: []string{
 				`expected startup taint "node.cilium.io/agent-not-ready=true:NoExecute" is not registered by the kubelet; ` +
 					`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute,readiness.k8s.io/network:NoSchedule to the kubelet ` +
-					`or add {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute} to registerWithTaints in testdata/hosts/config-missing-taint/etc/kubernetes/kubelet/config.yaml`,
+					`or add {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute} to registerWithTaints in /etc/kubernetes/kubelet/config.yaml`,
 				`expected startup taint "readiness.k8s.io/network" is not registered`,
 			},
 		},
@@ -87,7 +91,7 @@ func TestConfigCheck(t *testing.T) {
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
 			message: []string{`registerWithTaints entry {key: "node.cilium.io/agent-not-ready", value: "true", effect: "noExecute"} in `,
-				`has effect "noExecute", but effects are case-sensitive (NoExecute); write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
+				`has effect "noExecute", but effects are case-sensitive (NoExecute); the kubelet refuses it and exits at start; write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
 		},
 		{
 			host:     "dropin-json",
@@ -111,11 +115,12 @@ func TestConfigCheck(t *testing.T) {
 				"all 0 expected present"},
 		},
 		{
-			host:     "no-taints",
-			expected: []string{ciliumTaint + "=true:NoExecute"},
-			status:   collectors.StatusUnhealthy,
-			reason:   ReasonStartupTaintMissing,
-			message:  []string{"pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute to the kubelet"},
+			host:             "no-taints",
+			expected:         []string{ciliumTaint + "=true:NoExecute"},
+			status:           collectors.StatusUnhealthy,
+			missingUnhealthy: true,
+			reason:           ReasonStartupTaintMissing,
+			message:          []string{"pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute to the kubelet"},
 		},
 		{
 			host:    "config-unreadable",
@@ -150,9 +155,10 @@ func TestConfigCheck(t *testing.T) {
 		t.Run(tt.host+"/"+strings.Join(tt.expected, ","), func(t *testing.T) {
 			clock := newFakeClock()
 			c, err := NewConfigCheck(ConfigCheckConfig{
-				HostRoot:       filepath.Join("testdata", "hosts", tt.host),
-				ExpectedTaints: tt.expected,
-				Now:            clock.Now,
+				HostRoot:           filepath.Join("testdata", "hosts", tt.host),
+				ExpectedTaints:     tt.expected,
+				MissingIsUnhealthy: tt.missingUnhealthy,
+				Now:                clock.Now,
 			})
 			if err != nil {
 				t.Fatalf("NewConfigCheck: %v", err)
@@ -220,32 +226,32 @@ func TestParseKubeletArgs(t *testing.T) {
 		{
 			name: "equals form",
 			args: []string{"kubelet", "--config=/c.yaml", "--config-dir=/d", "--register-with-taints=a:NoSchedule"},
-			want: kubeletFlags{config: "/c.yaml", configDir: "/d", taints: "a:NoSchedule", taintsSet: true},
+			want: kubeletFlags{config: "/c.yaml", configDir: "/d", taints: "a:NoSchedule", taintsSet: true, taintsArg: 3},
 		},
 		{
 			name: "separate value form",
 			args: []string{"kubelet", "--config", "/c.yaml", "--register-with-taints", "a:NoSchedule"},
-			want: kubeletFlags{config: "/c.yaml", taints: "a:NoSchedule", taintsSet: true},
+			want: kubeletFlags{config: "/c.yaml", taints: "a:NoSchedule", taintsSet: true, taintsArg: 4},
 		},
 		{
 			name: "last occurrence wins",
 			args: []string{"kubelet", "--register-with-taints=a:NoSchedule", "--register-with-taints=b:NoExecute"},
-			want: kubeletFlags{taints: "b:NoExecute", taintsSet: true},
+			want: kubeletFlags{taints: "b:NoExecute", taintsSet: true, taintsArg: 2},
 		},
 		{
 			name: "empty value still counts as set",
 			args: []string{"kubelet", "--register-with-taints="},
-			want: kubeletFlags{taintsSet: true},
+			want: kubeletFlags{taintsSet: true, taintsArg: 1},
 		},
 		{
 			name: "flag at the end without value",
 			args: []string{"kubelet", "--register-with-taints"},
-			want: kubeletFlags{taintsSet: true},
+			want: kubeletFlags{taintsSet: true, taintsArg: 1},
 		},
 		{
 			name: "leading quote moves onto the value",
 			args: []string{"kubelet", `'--register-with-taints=a:NoSchedule'`},
-			want: kubeletFlags{taints: `'a:NoSchedule'`, taintsSet: true},
+			want: kubeletFlags{taints: `'a:NoSchedule'`, taintsSet: true, taintsArg: 1},
 		},
 		{
 			name: "other flags and their values are skipped",

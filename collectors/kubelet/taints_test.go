@@ -7,6 +7,7 @@ import (
 )
 
 func TestParseRegisterWithTaints(t *testing.T) {
+	const exits = "; the kubelet rejects the whole flag and exits"
 	tests := []struct {
 		name     string
 		raw      string
@@ -31,31 +32,34 @@ func TestParseRegisterWithTaints(t *testing.T) {
 		{
 			name: "classic double quotes from kubelet-extra-args",
 			raw:  `"node.cilium.io/agent-not-ready=true:NoExecute"`,
-			problems: []string{`--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; ` +
-				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
+			problems: []string{`--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has quote characters inside the value: ` +
+				`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoExecute\""` + exits +
+				`; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
 		},
 		{
 			name: "quotes around a list, fix keeps both entries",
 			raw:  `"a:NoSchedule,b=1:NoExecute"`,
 			problems: []string{
-				`entry "\"a:NoSchedule" has stray quote characters; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
-				`entry "b=1:NoExecute\"" has stray quote characters; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
+				`entry "\"a:NoSchedule" has quote characters inside the value: the kubelet sees the taint key "\"a" and effect "NoSchedule"` + exits +
+					`; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
+				`entry "b=1:NoExecute\"" has quote characters inside the value: the kubelet sees the taint key "b", value "1" and effect "NoExecute\""` + exits +
+					`; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
 			},
 		},
 		{
 			name:     "single quotes",
 			raw:      `'a:NoSchedule'`,
-			problems: []string{`has stray quote characters; pass --register-with-taints=a:NoSchedule without inner quotes`},
+			problems: []string{`the kubelet sees the taint key "'a" and effect "NoSchedule'"` + exits + `; pass --register-with-taints=a:NoSchedule without inner quotes`},
 		},
 		{
-			name:     "equals without value",
-			raw:      "a=:NoSchedule",
-			problems: []string{`entry "a=:NoSchedule" has '=' but no value (an unset variable?); pass --register-with-taints=a:NoSchedule`},
+			name: "equals without value is valid, as for the kubelet",
+			raw:  "a=:NoSchedule",
+			want: []Taint{{Key: "a", Effect: "NoSchedule"}},
 		},
 		{
 			name:     "missing effect",
 			raw:      "a=b",
-			problems: []string{`entry "a=b" has no effect; every registered taint needs key[=value]:Effect with Effect one of NoSchedule, PreferNoSchedule, NoExecute, e.g. --register-with-taints=a=b:NoSchedule`},
+			problems: []string{`entry "a=b" has no effect` + exits + `; every registered taint needs key[=value]:Effect with Effect one of NoSchedule, PreferNoSchedule, NoExecute, e.g. --register-with-taints=a=b:NoSchedule`},
 		},
 		{
 			name:     "empty effect",
@@ -65,12 +69,12 @@ func TestParseRegisterWithTaints(t *testing.T) {
 		{
 			name:     "wrong-case effect is repaired",
 			raw:      "a:noexecute",
-			problems: []string{`has effect "noexecute", but effects are case-sensitive (NoExecute); pass --register-with-taints=a:NoExecute`},
+			problems: []string{`has effect "noexecute", but effects are case-sensitive (NoExecute)` + exits + `; pass --register-with-taints=a:NoExecute`},
 		},
 		{
 			name:     "unknown effect",
 			raw:      "a:Evict",
-			problems: []string{`has effect "Evict", which is not one of NoSchedule, PreferNoSchedule, NoExecute; use one of`},
+			problems: []string{`has effect "Evict", which is not one of NoSchedule, PreferNoSchedule, NoExecute` + exits + `; use one of`},
 		},
 		{
 			name:     "bad key prefix upper case",
@@ -110,13 +114,13 @@ func TestParseRegisterWithTaints(t *testing.T) {
 		{
 			name:     "removal syntax",
 			raw:      "a:NoSchedule-",
-			problems: []string{"ends with '-', kubectl's syntax for removing a taint, which the kubelet ignores; pass --register-with-taints=a:NoSchedule"},
+			problems: []string{"ends with '-', kubectl's syntax for removing a taint, which the kubelet parses and then ignores; pass --register-with-taints=a:NoSchedule"},
 		},
 		{
 			name:     "trailing comma",
 			raw:      "a:NoSchedule,",
 			want:     []Taint{{Key: "a", Effect: "NoSchedule"}},
-			problems: []string{`entry "" is empty (a doubled or trailing comma); pass --register-with-taints=a:NoSchedule`},
+			problems: []string{`entry "" is empty (a doubled or trailing comma)` + exits + `; pass --register-with-taints=a:NoSchedule`},
 		},
 		{
 			name:     "whitespace from two flags in one argument",
@@ -165,7 +169,9 @@ func TestParseRegisterWithTaints(t *testing.T) {
 func TestParseRegisterWithTaintsExactMessage(t *testing.T) {
 	// The message of the classic mistake is part of the product: keep it byte-exact.
 	_, problems := ParseRegisterWithTaints(`"node.cilium.io/agent-not-ready=true:NoExecute"`)
-	want := `--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`
+	want := `--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has quote characters inside the value: ` +
+		`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoExecute\""; ` +
+		`the kubelet rejects the whole flag and exits; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`
 	if len(problems) != 1 || problems[0].Message != want {
 		t.Fatalf("problems = %+v\nwant one with message\n%s", problems, want)
 	}

@@ -303,3 +303,172 @@ func TestParseConfigTaints(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigCheckEKSHostRoots runs the check on host roots laid out as real EKS nodes: AL2
+// (kubelet.service plus bootstrap.sh's drop-ins, systemd 219) and AL2023 (nodeadm's
+// environment file and kubelet config drop-in, systemd 252), each with a malformed and a
+// healthy variant, with and without a kubelet process. A malformed taint makes the kubelet
+// exit, so "no process" is the usual case and the unit files are all there is to read.
+func TestConfigCheckEKSHostRoots(t *testing.T) {
+	const extraArgs = "/etc/systemd/system/kubelet.service.d/30-kubelet-extra-args.conf"
+	tests := []struct {
+		host     string
+		expected []string
+		status   collectors.Status
+		reason   string
+		message  []string // substrings
+		absent   []string // must not appear
+	}{
+		{
+			// bootstrap.sh --kubelet-extra-args '--register-with-taints="..."': systemd removes
+			// the quotes when it splits $KUBELET_EXTRA_ARGS, so the kubelet gets a clean flag.
+			host:     "al2-dropin-quoted-ok",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message: []string{"kubelet.service (no kubelet process; command line rebuilt from /etc/systemd/system/kubelet.service, " +
+				"/etc/systemd/system/kubelet.service.d/10-kubelet-args.conf, " + extraArgs + ") registers 1 startup taint(s) [node.cilium.io/agent-not-ready=true:NoExecute]"},
+		},
+		{
+			host:     "al2-running-ok",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 4242 registers 1 startup taint(s)"},
+		},
+		{
+			host:     "al2-dropin-bad-effect",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{extraArgs + `:2: --register-with-taints entry "node.cilium.io/agent-not-ready=true:noExecute" has effect "noExecute", but effects are case-sensitive (NoExecute); ` +
+				`the kubelet rejects the whole flag and exits; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute; ` +
+				`write: Environment='KUBELET_EXTRA_ARGS=--node-labels=eks.amazonaws.com/nodegroup=ng-1 --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute'`},
+			absent: []string{"is not registered"},
+		},
+		{
+			// An operator's drop-in passes ${KUBELET_EXTRA_ARGS}: verbatim, quotes included.
+			host:     "al2-dropin-braced",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{extraArgs + `:2: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoSchedule\"" has quote characters inside the value: ` +
+				`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoSchedule\""; the kubelet rejects the whole flag and exits; ` +
+				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoSchedule without inner quotes; ` +
+				`write: Environment='KUBELET_EXTRA_ARGS=--register-with-taints=node.cilium.io/agent-not-ready=true:NoSchedule' ` +
+				`(ExecStart= in /etc/systemd/system/kubelet.service.d/50-custom-exec.conf:4 uses ${KUBELET_EXTRA_ARGS}`},
+		},
+		{
+			// kubectl's removal syntax: the kubelet runs and silently drops the taint.
+			host:     "al2-running-removal",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{"kubelet pid 4242: " + extraArgs + `:2: --register-with-taints entry "node.cilium.io/agent-not-ready=true:NoExecute-" ends with '-'`,
+				"write: Environment='KUBELET_EXTRA_ARGS=--register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute'"},
+		},
+		{
+			host:     "al2023-env-ok",
+			expected: []string{ciliumTaint + "=true:NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet.service (no kubelet process; command line rebuilt from /etc/systemd/system/kubelet.service) registers 1 startup taint(s)"},
+		},
+		{
+			host:     "al2023-env-ok-running",
+			expected: []string{ciliumTaint + "=true:NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 3101 registers 1 startup taint(s)"},
+		},
+		{
+			host:     "al2023-env-no-effect",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{`/etc/eks/kubelet/environment:1: --register-with-taints entry "node.cilium.io/agent-not-ready=true" has no effect; the kubelet rejects the whole flag and exits; ` +
+				`every registered taint needs key[=value]:Effect`},
+			absent: []string{"is not registered"},
+		},
+		{
+			host:     "al2023-nodeadm-config-bad",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{`registerWithTaints entry {key: "node.cilium.io/agent-not-ready", value: "true", effect: "noExecute"} in /etc/kubernetes/kubelet/config.json.d/40-nodeadm.conf ` +
+				`has effect "noExecute", but effects are case-sensitive (NoExecute); the kubelet refuses it and exits at start; write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
+			absent: []string{"is not registered"},
+		},
+		{
+			host:     "al2023-nodeadm-config-ok",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"from /etc/kubernetes/kubelet/config.json.d/40-nodeadm.conf"},
+		},
+		{
+			// A healthy node that does not register the agent's own taint: an advisory.
+			host:     "al2023-no-owned-taint",
+			expected: []string{ciliumTaint},
+			status:   AdvisoryStatus,
+			reason:   ReasonStartupTaintMissing,
+			message: []string{"(NodeConfig spec.kubelet.flags: - --register-with-taints=node.cilium.io/agent-not-ready:NoSchedule; nodeadm writes it to NODEADM_KUBELET_ARGS in /etc/eks/kubelet/environment)",
+				"(advisory: "},
+		},
+		{
+			host:     "al2023-no-owned-taint-running",
+			expected: []string{ciliumTaint},
+			status:   AdvisoryStatus,
+			reason:   ReasonStartupTaintMissing,
+			message:  []string{"kubelet pid 3101: expected startup taint"},
+		},
+		{
+			host:    "al2023-no-owned-taint",
+			status:  collectors.StatusHealthy,
+			reason:  ReasonKubeletConfigValid,
+			message: []string{"registers 0 startup taint(s)"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host+"/"+strings.Join(tt.expected, ","), func(t *testing.T) {
+			c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: filepath.Join("testdata", "hosts", tt.host), ExpectedTaints: tt.expected})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := c.Check(context.Background())
+			if res.Status != tt.status || res.Reason != tt.reason {
+				t.Fatalf("got %s/%s (%s), want %s/%s", res.Status, res.Reason, res.Message, tt.status, tt.reason)
+			}
+			for _, m := range tt.message {
+				if !strings.Contains(res.Message, m) {
+					t.Errorf("message\n  %s\nwant it to contain\n  %s", res.Message, m)
+				}
+			}
+			for _, m := range tt.absent {
+				if strings.Contains(res.Message, m) {
+					t.Errorf("message\n  %s\nmust not contain\n  %s", res.Message, m)
+				}
+			}
+			if res.Err != nil {
+				t.Errorf("Err = %v", res.Err)
+			}
+		})
+	}
+}
+
+func TestConfigCheckUnitUnreadable(t *testing.T) {
+	root := writeHost(t, map[string]string{
+		"/proc/1/comm":                        "systemd\n",
+		"/proc/1/cmdline":                     "/usr/lib/systemd/systemd\x00",
+		"/etc/systemd/system/kubelet.service": "[Service]\nEnvironmentFile=/etc/eks/kubelet/environment\nExecStart=/usr/bin/kubelet $NODEADM_KUBELET_ARGS\n",
+	})
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := c.Check(context.Background())
+	if res.Status != collectors.StatusUnknown || res.Reason != ReasonKubeletConfigUnreadable ||
+		!strings.Contains(res.Message, "EnvironmentFile=/etc/eks/kubelet/environment does not exist") {
+		t.Fatalf("got %s/%s %q", res.Status, res.Reason, res.Message)
+	}
+}

@@ -249,3 +249,57 @@ func TestTaintString(t *testing.T) {
 		}
 	}
 }
+
+// TestParseRegisterWithTaintsEffects pins what each kind of entry does to the kubelet, per
+// k8s.io/kubernetes pkg/util/taints.ParseTaints as called by the --register-with-taints flag.
+func TestParseRegisterWithTaintsEffects(t *testing.T) {
+	tests := []struct {
+		raw     string
+		taints  int
+		effects []ProblemEffect
+	}{
+		{raw: "a=:NoSchedule", taints: 1},
+		{raw: "a:NoSchedule,a:NoExecute,a=x:PreferNoSchedule", taints: 3},
+		{raw: "a-", effects: []ProblemEffect{EffectIgnored}},
+		{raw: "a:NoExecute-", effects: []ProblemEffect{EffectIgnored}},
+		{raw: "a=v:NoExecute-", effects: []ProblemEffect{EffectIgnored}},
+		{raw: "-", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a=v-", effects: []ProblemEffect{EffectKubeletExits}}, // no ':': the key is "a=v"
+		{raw: "a:-", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a=v", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a:NoSchedule,a=v:NoSchedule", taints: 1, effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a:NoSchedule,", taints: 1, effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "A/b:NoSchedule", effects: []ProblemEffect{EffectKubeletExits}},
+	}
+	for _, tt := range tests {
+		taints, problems := ParseRegisterWithTaints(tt.raw)
+		var got []ProblemEffect
+		for _, p := range problems {
+			got = append(got, p.Effect)
+		}
+		if len(taints) != tt.taints || !reflect.DeepEqual(got, tt.effects) {
+			t.Errorf("%q: %d taints, effects %v; want %d, %v", tt.raw, len(taints), got, tt.taints, tt.effects)
+		}
+	}
+}
+
+func TestValidateConfigTaints(t *testing.T) {
+	problems := ValidateConfigTaints([]Taint{
+		{Key: "a", Effect: "NoSchedule"},
+		{Key: "a", Value: "x", Effect: "NoSchedule"}, // duplicate key and effect
+		{Key: "b"},                         // no effect
+		{Key: "c", Effect: "noSchedule"},   // bad effect
+		{Key: `"d"`, Effect: "NoSchedule"}, // quotes in the key
+		{Key: "e", Value: "-x", Effect: "NoSchedule"},
+		{Key: "f", Value: "", Effect: "NoExecute"},
+	})
+	want := map[string]ProblemEffect{"1": EffectRegistrationRejected, "2": EffectRegistrationRejected, "3": EffectKubeletExits, "4": EffectKubeletExits, "5": EffectKubeletExits}
+	got := map[string]ProblemEffect{}
+	for _, p := range problems {
+		got[p.Entry] = p.Effect
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("problems %+v\nwant effects %v", problems, want)
+	}
+}

@@ -87,6 +87,8 @@ type kubeletUnit struct {
 	env map[string]envVar
 	// exec is where the ExecStart= in use was written.
 	exec origin
+	// legacy is set when the host's systemd parses units with the pre-233 rules.
+	legacy bool
 }
 
 // args returns the rebuilt command line as plain strings.
@@ -114,10 +116,50 @@ type envVar struct {
 	from  origin
 }
 
+// legacySystemd reports whether the host runs a systemd older than 233 (Amazon Linux 2 has
+// 219), whose unit parser splits Environment= and ExecStart= values with the older
+// FOREACH_WORD_QUOTED rules (see splitLegacy) rather than extract_first_word. It is told by
+// /etc/os-release (Amazon Linux 2, RHEL/CentOS 7) or, failing that, by the version in the
+// name of libsystemd-shared-<N>.so, which systemd ships since 231.
+func legacySystemd(hostRoot string) bool {
+	if data, err := os.ReadFile(filepath.Join(hostRoot, "etc", "os-release")); err == nil {
+		var id, version string
+		for _, kv := range parseEnvFile(data) {
+			switch kv.key {
+			case "ID":
+				id = kv.value
+			case "VERSION_ID":
+				version = kv.value
+			}
+		}
+		switch {
+		case id == "amzn" && version == "2",
+			(id == "centos" || id == "rhel") && strings.HasPrefix(version, "7"):
+			return true
+		case id != "":
+			return false
+		}
+	}
+	for _, dir := range []string{"usr/lib/systemd", "lib/systemd", "usr/lib64/systemd"} {
+		matches, _ := filepath.Glob(filepath.Join(hostRoot, dir, "libsystemd-shared-*.so"))
+		for _, m := range matches {
+			v := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), "libsystemd-shared-"), ".so")
+			if n, err := strconv.Atoi(v); err == nil {
+				return n < 233
+			}
+		}
+	}
+	return false
+}
+
 // loadKubeletUnit reads unit (e.g. "kubelet.service") and its drop-ins under hostRoot and
 // rebuilds the command line of its ExecStart.
 func loadKubeletUnit(hostRoot, unit string) (*kubeletUnit, error) {
-	u := &kubeletUnit{name: unit}
+	u := &kubeletUnit{name: unit, legacy: legacySystemd(hostRoot)}
+	split := func(s string) ([]string, error) { return extractWords(s, true, false) }
+	if u.legacy {
+		split = splitLegacy
+	}
 	var assigns []unitAssignment
 	main := ""
 	for _, dir := range unitSearchDirs {
@@ -190,8 +232,8 @@ func loadKubeletUnit(hostRoot, unit string) (*kubeletUnit, error) {
 		return nil, fmt.Errorf("%s has no ExecStart= (read %s)", unit, strings.Join(u.files, ", "))
 	}
 	for _, a := range envOrder {
-		words, err := extractWords(expandSpecifiers(a.value), true, false)
-		if err != nil {
+		words, err := split(expandSpecifiers(a.value))
+		if err != nil && !u.legacy {
 			continue // systemd logs "Invalid syntax, ignoring" and skips the line
 		}
 		for _, w := range words {
@@ -236,7 +278,10 @@ func loadKubeletUnit(hostRoot, unit string) (*kubeletUnit, error) {
 		prefixes += cmd[:1]
 		cmd = cmd[1:]
 	}
-	words, err := extractWords(cmd, true, false)
+	words, err := split(cmd)
+	if err != nil && u.legacy && len(words) > 0 {
+		err = nil // the old parser keeps the words before trailing garbage
+	}
 	if err != nil || len(words) == 0 {
 		return nil, fmt.Errorf("%s:%d: ExecStart= cannot be parsed: %v", exec.file, exec.line, err)
 	}
@@ -496,6 +541,71 @@ func extractWords(s string, cunescape, relax bool) ([]string, error) {
 		words = append(words, cur.String())
 	}
 	return words, nil
+}
+
+// splitLegacy splits a value as systemd before 233 did for Environment= and ExecStart=
+// (FOREACH_WORD_QUOTED, then cunescape of each word): a word that starts with a quote runs
+// to the matching unescaped quote, which must be followed by whitespace or the end
+// (otherwise parsing stops: "Trailing garbage, ignoring"), and loses its quotes; any other
+// word runs to the next unescaped whitespace and keeps quote characters inside it
+// literally. It returns the words before any garbage, with an error if there was some.
+func splitLegacy(s string) ([]string, error) {
+	var words []string
+	isSep := func(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+	i := 0
+	for {
+		for i < len(s) && isSep(s[i]) {
+			i++
+		}
+		if i >= len(s) {
+			return words, nil
+		}
+		var raw string
+		if q := s[i]; q == '\'' || q == '"' {
+			j := i + 1
+			for j < len(s) && s[j] != q {
+				if s[j] == '\\' && j+1 < len(s) {
+					j++
+				}
+				j++
+			}
+			if j >= len(s) || j+1 < len(s) && !isSep(s[j+1]) {
+				return words, errors.New("trailing garbage")
+			}
+			raw, i = s[i+1:j], j+1
+		} else {
+			j := i
+			for j < len(s) && !isSep(s[j]) {
+				if s[j] == '\\' {
+					if j+1 >= len(s) {
+						return words, errors.New("unfinished escape")
+					}
+					j++
+				}
+				j++
+			}
+			raw, i = s[i:j], j
+		}
+		words = append(words, cUnescapeAll(raw))
+	}
+}
+
+// cUnescapeAll decodes every C escape in s.
+func cUnescapeAll(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' || i+1 >= len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		n, r := cUnescape(s[i+1:])
+		b.WriteString(r)
+		i += n
+	}
+	return b.String()
 }
 
 // cUnescape decodes the C escape at the start of s (the character after the backslash),

@@ -54,6 +54,9 @@ const (
 	ReasonCNIPluginMissing = "CNIPluginMissing"
 	// ReasonCNIAgentUnhealthy: the CNI agent's health endpoint did not answer 2xx in time.
 	ReasonCNIAgentUnhealthy = "CNIAgentUnhealthy"
+	// ReasonCNIAgentUnknown: the CNI agent's health could not be observed (its socket is not
+	// visible to the agent and the fallback port refused); the status is Unknown.
+	ReasonCNIAgentUnknown = "CNIAgentUnknown"
 	// ReasonCNIUnreadable: the check could not read the configuration or binary directory
 	// (permissions, I/O error); the status is Unknown.
 	ReasonCNIUnreadable = "CNIUnreadable"
@@ -235,6 +238,7 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 	var (
 		seen      []string
 		unhealthy []string
+		unknown   []string
 	)
 	for _, ap := range probes {
 		r := c.runProbe(ctx, ap)
@@ -243,13 +247,20 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 		}
 		line := fmt.Sprintf("%s %s %s", r.agent, r.probe, r.detail)
 		seen = append(seen, line)
-		if !r.healthy {
+		switch {
+		case r.unknown:
+			unknown = append(unknown, line)
+		case !r.healthy:
 			unhealthy = append(unhealthy, line)
 		}
 	}
 	if len(unhealthy) > 0 {
 		return set(collectors.StatusUnhealthy, ReasonCNIAgentUnhealthy,
 			fmt.Sprintf("%s; but the CNI agent is not healthy%s: %s", msg, how, strings.Join(unhealthy, "; ")), nil)
+	}
+	if len(unknown) > 0 {
+		return set(collectors.StatusUnknown, ReasonCNIAgentUnknown,
+			fmt.Sprintf("%s; cannot observe the CNI agent%s: %s", msg, how, strings.Join(unknown, "; ")), nil)
 	}
 	return set(collectors.StatusHealthy, ReasonCNIReady, fmt.Sprintf("%s; %s", msg, strings.Join(seen, "; ")), nil)
 }

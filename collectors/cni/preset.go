@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // A conflist on disk does not mean the network works: a crashed Cilium or Calico agent, or
@@ -59,6 +60,12 @@ type probe struct {
 	// ifSocketExists makes the probe apply only when its unix socket exists on the host:
 	// the next probe in the preset is the fallback for older agent versions.
 	ifSocketExists bool
+	// fallback marks the probe used because the preferred socket is not visible. A refused
+	// connection then cannot tell "agent down" from "socket not mounted into the agent",
+	// so it is reported as Unknown rather than Unhealthy.
+	fallback bool
+	// hint is appended to an Unknown fallback result.
+	hint string
 }
 
 // String names the endpoint for messages.
@@ -102,7 +109,9 @@ var presets = []preset{
 			{kind: probeGRPCHealth, network: "unix", address: "/var/run/aws-node/ipamd.sock", ifSocketExists: true},
 			// v1.22 and earlier: the same server on TCP (pkg/ipamd/rpc_handler.go
 			// ipamdgRPCaddress = "127.0.0.1:50051"; the probe used -addr=:50051).
-			{kind: probeGRPCHealth, network: "tcp", address: "127.0.0.1:50051"},
+			{kind: probeGRPCHealth, network: "tcp", address: "127.0.0.1:50051", fallback: true,
+				hint: "no ipamd socket /var/run/aws-node/ipamd.sock under the host root either: ipamd is not running, or (VPC CNI v1.23 and later) " +
+					"/var/run/aws-node is not mounted into the agent; mount it read-only or set the CNI preset to none"},
 		},
 	},
 	{
@@ -175,6 +184,8 @@ type agentProbe struct {
 type probeResult struct {
 	agentProbe
 	healthy bool
+	// unknown is set when the probe could not tell (see probe.fallback).
+	unknown bool
 	detail  string // what was seen: "returned 200", "NOT_SERVING", "connection refused"
 	err     error  // set when the probe could not be made at all (context canceled)
 }
@@ -209,6 +220,10 @@ func (c *Collector) runProbe(ctx context.Context, ap agentProbe) probeResult {
 			res.detail = err.Error()
 			if errors.Is(err, context.DeadlineExceeded) {
 				res.detail = fmt.Sprintf("did not answer within %v", c.timeout)
+			}
+			if ap.probe.fallback && errors.Is(err, syscall.ECONNREFUSED) {
+				res.unknown = true
+				res.detail = "connection refused; " + ap.probe.hint
 			}
 		default:
 			res.detail = "status " + status

@@ -258,14 +258,37 @@ func TestPresetAWSVPCCNI(t *testing.T) {
 			msg:    "aws-node (ipamd) gRPC health 127.0.0.1:50051 status SERVING",
 		},
 		{
-			name: "nothing listens",
+			// No socket visible and the old port refuses: ipamd down, or v1.23+ with
+			// /var/run/aws-node not mounted into the agent. Unknown, never a false Unhealthy.
+			name: "no socket and the old port refuses",
 			setup: func(t *testing.T, _ string, c *Collector) {
 				c.dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-					return dialNet(ctx, "unix", filepath.Join(t.TempDir(), "none.sock"))
+					l, err := net.Listen("tcp", "127.0.0.1:0")
+					if err != nil {
+						t.Fatal(err)
+					}
+					addr := l.Addr().String()
+					_ = l.Close()
+					return dialNet(ctx, "tcp", addr)
+				}
+			},
+			status: collectors.StatusUnknown,
+			msg:    "cannot observe the CNI agent (detected from the plugin types): aws-node (ipamd) gRPC health 127.0.0.1:50051 connection refused; no ipamd socket",
+		},
+		{
+			name: "old port answers NOT_SERVING",
+			setup: func(t *testing.T, _ string, c *Collector) {
+				l, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				serveH2C(t, l, grpcHealthHandler(2, "0"))
+				c.dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+					return dialNet(ctx, "tcp", l.Addr().String())
 				}
 			},
 			status: collectors.StatusUnhealthy,
-			msg:    "aws-node (ipamd) gRPC health 127.0.0.1:50051",
+			msg:    "127.0.0.1:50051 status NOT_SERVING",
 		},
 		{
 			name: "hangs",

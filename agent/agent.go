@@ -545,7 +545,7 @@ func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func(
 		r.Time = now()
 	}
 	switch r.Status {
-	case collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown:
+	case collectors.StatusHealthy, collectors.StatusWarning, collectors.StatusUnhealthy, collectors.StatusUnknown:
 	default:
 		r.Status = collectors.StatusUnknown
 	}
@@ -556,7 +556,7 @@ func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func(
 // change, not every cycle.
 func (a *Agent) observe(results []collectors.Result) {
 	for _, r := range results {
-		for _, s := range []collectors.Status{collectors.StatusHealthy, collectors.StatusUnhealthy, collectors.StatusUnknown} {
+		for _, s := range []collectors.Status{collectors.StatusHealthy, collectors.StatusWarning, collectors.StatusUnhealthy, collectors.StatusUnknown} {
 			v := 0.0
 			if r.Status == s {
 				v = 1
@@ -573,7 +573,7 @@ func (a *Agent) observe(results []collectors.Result) {
 			continue
 		}
 		level := slog.LevelInfo
-		if r.Status != collectors.StatusHealthy {
+		if !r.Status.IsHealthy() {
 			level = slog.LevelWarn
 		}
 		if notSupported {

@@ -10,13 +10,19 @@ import (
 	"time"
 )
 
-// Status is the verdict of one check. It is deliberately three-valued: "we could not tell"
-// (Unknown) must never be mistaken for either healthy or unhealthy by the consumers.
+// Status is the verdict of one check. "We could not tell" (Unknown) must never be mistaken for
+// either healthy or unhealthy by the consumers, and a configuration advisory (Warning) must
+// never fail a node: the subsystem works, but something an operator may want to change was seen.
 type Status string
 
 const (
 	// StatusHealthy means the check observed the subsystem and it is fine.
 	StatusHealthy Status = "Healthy"
+	// StatusWarning means the check observed the subsystem, it works, and there is a
+	// configuration advisory (for example the agent's owned startup taint is not registered by
+	// the kubelet although nothing requires it). It counts as healthy for Node conditions,
+	// startup-taint gating and the `check` exit code (0); Reason and Message carry the advice.
+	StatusWarning Status = "Warning"
 	// StatusUnhealthy means the check observed the subsystem and it is not fine.
 	StatusUnhealthy Status = "Unhealthy"
 	// StatusUnknown means the check could not observe the subsystem (unsupported kernel,
@@ -38,10 +44,31 @@ type Result struct {
 	Message string `json:"message"`
 	// Time is when the observation was made.
 	Time time.Time `json:"time"`
+	// Inputs lists every value the verdict was computed from and the threshold it was compared
+	// with, for `nodevigil-agent check --explain`. Optional; never written to the Node.
+	Inputs []Input `json:"inputs,omitempty"`
 	// Err is set when the check failed to observe (as opposed to observing a problem). It is
 	// counted in the agent's error metric and logged; it is never serialised.
 	Err error `json:"-"`
 }
+
+// Input is one observed value behind a verdict: what was read, from where, and what it was
+// compared with. It lets an operator re-derive the verdict by hand.
+type Input struct {
+	// Name is a short identifier of the value ("psi.full.avg10", "MemAvailable").
+	Name string `json:"name"`
+	// Source is where the value was read (a file under the host root, a D-Bus property, a URL).
+	Source string `json:"source,omitempty"`
+	// Value is the observed value as printed for humans, with its unit.
+	Value string `json:"value"`
+	// Threshold is the limit the value was compared with, with the comparison
+	// ("> 10%", "< 5% of MemTotal"); empty when the value is informational.
+	Threshold string `json:"threshold,omitempty"`
+}
+
+// IsHealthy reports whether s counts as healthy for conditions, gating and exit codes: Healthy
+// and Warning do, Unhealthy and Unknown do not.
+func (s Status) IsHealthy() bool { return s == StatusHealthy || s == StatusWarning }
 
 // ErrNotSupported marks a check or a data source that this host cannot provide (a kernel
 // without PSI, a host without systemd). Checks wrap it so callers can tell "not available

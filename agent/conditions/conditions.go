@@ -83,7 +83,7 @@ func IsOwned(t v1.NodeConditionType) bool {
 // StatusFor maps a check verdict onto a condition status (positive polarity).
 func StatusFor(s collectors.Status) v1.ConditionStatus {
 	switch s {
-	case collectors.StatusHealthy:
+	case collectors.StatusHealthy, collectors.StatusWarning:
 		return v1.ConditionTrue
 	case collectors.StatusUnhealthy:
 		return v1.ConditionFalse

@@ -256,7 +256,7 @@ func (m *Manager) gate(results []collectors.Result) (healthy bool, unhealthy *co
 		if !ok {
 			r = collectors.Result{Check: g, Status: collectors.StatusUnknown, Reason: "NoResult"}
 		}
-		if r.Status == collectors.StatusHealthy {
+		if r.Status.IsHealthy() {
 			continue
 		}
 		if healthy {

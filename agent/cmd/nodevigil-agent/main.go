@@ -292,7 +292,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, buil
 	var unhealthy, unknown []string
 	for _, r := range results {
 		switch r.Status {
-		case collectors.StatusHealthy:
+		case collectors.StatusHealthy, collectors.StatusWarning:
 		case collectors.StatusUnhealthy:
 			unhealthy = append(unhealthy, r.Check)
 		default:

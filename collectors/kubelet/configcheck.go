@@ -28,8 +28,8 @@ const (
 	// is rejected or dropped by the kubelet (or by the API server when the node registers).
 	ReasonStartupTaintMalformed = "StartupTaintMalformed"
 	// ReasonStartupTaintMissing: an expected startup taint is not registered. It is a
-	// configuration advisory (the node works, it is only schedulable earlier than the agent
-	// would like) unless ConfigCheckConfig.MissingIsUnhealthy is set.
+	// configuration advisory (Warning: the node works, it is only schedulable earlier than
+	// the agent would like) unless ConfigCheckConfig.MissingIsUnhealthy is set.
 	ReasonStartupTaintMissing = "StartupTaintMissing"
 	// ReasonKubeletProcessNotFound: no kubelet process under <HostRoot>/proc and no kubelet
 	// unit file to rebuild its command line from (Unknown).
@@ -50,12 +50,7 @@ const (
 	nodeadmEnvironmentFile = "/etc/eks/kubelet/environment"
 )
 
-// AdvisoryStatus is the status of a configuration advisory: something an operator should
-// fix that does not stop the node from working (today: an expected startup taint that the
-// kubelet does not register). It is Healthy so `check` exits 0 and the node is not marked;
-// the Reason (StartupTaintMissing) and Message carry the advice. When collectors gains a
-// Warning status, this is where it maps.
-var AdvisoryStatus = collectors.StatusHealthy
+
 
 // ConfigCheckConfig configures the "kubelet-config" check.
 type ConfigCheckConfig struct {
@@ -70,7 +65,7 @@ type ConfigCheckConfig struct {
 	// effect when one is given.
 	ExpectedTaints []string
 	// MissingIsUnhealthy makes a missing expected taint Unhealthy instead of an advisory
-	// (AdvisoryStatus). Set it when something outside the node requires the taint (a
+	// (Warning). Set it when something outside the node requires the taint (a
 	// Karpenter NodePool listing it in startupTaints kills nodes that lack it).
 	MissingIsUnhealthy bool
 	// Now is the clock (default time.Now).
@@ -285,7 +280,7 @@ func (c *ConfigCheck) judge(res collectors.Result, who string, src taintSource, 
 	case len(problems) > 0 && c.missingIsUnhealthy:
 		res.Status, res.Reason = collectors.StatusUnhealthy, ReasonStartupTaintMissing
 	case len(problems) > 0:
-		res.Status, res.Reason = AdvisoryStatus, ReasonStartupTaintMissing
+		res.Status, res.Reason = collectors.StatusWarning, ReasonStartupTaintMissing
 	default:
 		res.Status, res.Reason = collectors.StatusHealthy, ReasonKubeletConfigValid
 		from := "from " + src.where

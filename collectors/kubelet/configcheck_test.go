@@ -66,7 +66,7 @@ func TestConfigCheck(t *testing.T) {
 		{
 			host:     "config-valid",
 			expected: []string{ciliumTaint + ":NoSchedule"},
-			status:   collectors.StatusHealthy, // an advisory
+			status:   collectors.StatusWarning, // an advisory
 			reason:   ReasonStartupTaintMissing,
 			message: []string{
 				"(registered with effect NoExecute instead of NoSchedule)",
@@ -76,7 +76,7 @@ func TestConfigCheck(t *testing.T) {
 		{
 			host:     "config-missing-taint",
 			expected: []string{ciliumTaint + "=true:NoExecute", "readiness.k8s.io/network"},
-			status:   collectors.StatusHealthy, // an advisory
+			status:   collectors.StatusWarning, // an advisory
 			reason:   ReasonStartupTaintMissing,
 			message: []string{
 				`expected startup taint "node.cilium.io/agent-not-ready=true:NoExecute" is not registered by the kubelet; ` +
@@ -410,7 +410,7 @@ func TestConfigCheckEKSHostRoots(t *testing.T) {
 			// A healthy node that does not register the agent's own taint: an advisory.
 			host:     "al2023-no-owned-taint",
 			expected: []string{ciliumTaint},
-			status:   AdvisoryStatus,
+			status:   collectors.StatusWarning,
 			reason:   ReasonStartupTaintMissing,
 			message: []string{"(NodeConfig spec.kubelet.flags: - --register-with-taints=node.cilium.io/agent-not-ready:NoSchedule; nodeadm writes it to NODEADM_KUBELET_ARGS in /etc/eks/kubelet/environment)",
 				"(advisory: "},
@@ -418,7 +418,7 @@ func TestConfigCheckEKSHostRoots(t *testing.T) {
 		{
 			host:     "al2023-no-owned-taint-running",
 			expected: []string{ciliumTaint},
-			status:   AdvisoryStatus,
+			status:   collectors.StatusWarning,
 			reason:   ReasonStartupTaintMissing,
 			message:  []string{"kubelet pid 3101: expected startup taint"},
 		},

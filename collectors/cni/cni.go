@@ -231,6 +231,8 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 
 	msg := fmt.Sprintf("%s: network %q (cniVersion %s), plugins %s present in /%s",
 		hostFile, nc.Name, nc.CNIVersion, strings.Join(nc.Types, ", "), c.binDir)
+	res.Inputs = append(res.Inputs, collectors.Input{Name: "default network", Source: hostFile,
+		Value: fmt.Sprintf("%q, plugins %s", nc.Name, strings.Join(nc.Types, ", ")), Threshold: "valid, every plugin an executable in /" + c.binDir})
 	probes, how := c.probesFor(nc.Types)
 	if len(probes) == 0 {
 		return set(collectors.StatusHealthy, ReasonCNIReady, msg, nil)
@@ -246,6 +248,11 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 			return set(collectors.StatusUnknown, ReasonCheckCanceled, fmt.Sprintf("%s; CNI agent health check canceled: %v", msg, ctx.Err()), ctx.Err())
 		}
 		line := fmt.Sprintf("%s %s %s", r.agent, r.probe, r.detail)
+		want := "2xx"
+		if r.probe.kind == probeGRPCHealth {
+			want = "SERVING"
+		}
+		res.Inputs = append(res.Inputs, collectors.Input{Name: r.agent + how, Source: r.probe.String(), Value: r.detail, Threshold: want})
 		seen = append(seen, line)
 		switch {
 		case r.unknown:

@@ -336,6 +336,10 @@ func TestPresetChainedProbesEveryAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := c.Check(context.Background())
+	if len(res.Inputs) != 3 || res.Inputs[1].Source != "gRPC health unix:///var/run/aws-node/ipamd.sock" || res.Inputs[1].Value != "status SERVING" ||
+		res.Inputs[1].Threshold != "SERVING" || res.Inputs[2].Source != "http://127.0.0.1:9879/healthz" || res.Inputs[2].Threshold != "2xx" {
+		t.Errorf("Inputs = %+v", res.Inputs)
+	}
 	want := "cilium-agent http://127.0.0.1:9879/healthz returned 503 Service Unavailable"
 	if res.Status != collectors.StatusUnhealthy || !strings.Contains(res.Message, want) || strings.Contains(res.Message, "NOT_SERVING") {
 		t.Errorf("got %s %q, want Unhealthy naming only %q", res.Status, res.Message, want)

@@ -156,8 +156,15 @@ func (c *ConfigCheck) Check(ctx context.Context) collectors.Result {
 	switch {
 	case perr == nil:
 		args, who = proc.args, fmt.Sprintf("kubelet pid %d", proc.pid)
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "kubelet command line", Source: fmt.Sprintf("/proc/%d/cmdline", proc.pid), Value: fmt.Sprintf("%d arguments", len(args))})
 	case errors.Is(perr, errKubeletNotFound) && uerr == nil:
 		args = unit.args()
+		dialect := "systemd >= 233 rules"
+		if unit.legacy {
+			dialect = "systemd < 233 rules (Amazon Linux 2)"
+		}
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "kubelet command line", Source: strings.Join(unit.files, ", "),
+			Value: fmt.Sprintf("%d arguments rebuilt from ExecStart= at %s:%d with %s", len(args), unit.exec.file, unit.exec.line, dialect)})
 		who = fmt.Sprintf("%s (no kubelet process; command line rebuilt from %s)", c.unit, strings.Join(unit.files, ", "))
 	case errors.Is(perr, errKubeletNotFound) && !errors.Is(uerr, errUnitNotFound):
 		res.Status, res.Reason = collectors.StatusUnknown, ReasonKubeletConfigUnreadable
@@ -184,6 +191,27 @@ func (c *ConfigCheck) Check(ctx context.Context) collectors.Result {
 	if src.kind == "flag" {
 		src.argWord = args[flags.taintsArg]
 		src.from = c.flagOrigin(flags, unit, perr == nil)
+	}
+	switch src.kind {
+	case "flag":
+		in := collectors.Input{Name: "--register-with-taints", Source: "command line", Value: src.raw,
+			Threshold: "key[=value]:Effect,... as the kubelet parses it (pkg/util/taints.ParseTaints)"}
+		if src.from != nil {
+			in.Source = fmt.Sprintf("%s:%d %s", src.from.from.file, src.from.from.line, src.from.from.directive)
+			if src.from.from.variable != "" {
+				in.Source += " " + src.from.from.variable
+			}
+		}
+		res.Inputs = append(res.Inputs, in)
+	case "file":
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "registerWithTaints", Source: src.where, Value: taintList(src.taints),
+			Threshold: "kubelet config validation, then API server Node validation"})
+	default:
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "registered startup taints", Value: src.where})
+	}
+	if len(c.expected) > 0 {
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "expected startup taints", Source: "agent configuration (owned taints)",
+			Value: taintList(c.expected), Threshold: "each registered (same key, and same effect when one is given)"})
 	}
 	return c.judge(res, who, src, unit)
 }

@@ -472,3 +472,23 @@ func TestConfigCheckUnitUnreadable(t *testing.T) {
 		t.Fatalf("got %s/%s %q", res.Status, res.Reason, res.Message)
 	}
 }
+
+func TestConfigCheckInputsForExplain(t *testing.T) {
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: filepath.Join("testdata", "hosts", "al2-dropin-bad-effect"), ExpectedTaints: []string{ciliumTaint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := c.Check(context.Background())
+	want := []collectors.Input{
+		{Name: "kubelet command line", Source: "/etc/systemd/system/kubelet.service, /etc/systemd/system/kubelet.service.d/10-kubelet-args.conf, " +
+			"/etc/systemd/system/kubelet.service.d/30-kubelet-extra-args.conf",
+			Value: "18 arguments rebuilt from ExecStart= at /etc/systemd/system/kubelet.service:10 with systemd < 233 rules (Amazon Linux 2)"},
+		{Name: "--register-with-taints", Source: "/etc/systemd/system/kubelet.service.d/30-kubelet-extra-args.conf:2 Environment KUBELET_EXTRA_ARGS",
+			Value: "node.cilium.io/agent-not-ready=true:noExecute", Threshold: "key[=value]:Effect,... as the kubelet parses it (pkg/util/taints.ParseTaints)"},
+		{Name: "expected startup taints", Source: "agent configuration (owned taints)", Value: "[node.cilium.io/agent-not-ready]",
+			Threshold: "each registered (same key, and same effect when one is given)"},
+	}
+	if !reflect.DeepEqual(res.Inputs, want) {
+		t.Errorf("Inputs =\n%+v\nwant\n%+v", res.Inputs, want)
+	}
+}

@@ -50,8 +50,6 @@ const (
 	nodeadmEnvironmentFile = "/etc/eks/kubelet/environment"
 )
 
-
-
 // ConfigCheckConfig configures the "kubelet-config" check.
 type ConfigCheckConfig struct {
 	// HostRoot is where the host's root filesystem is mounted ("/" by default); the kubelet

@@ -187,7 +187,6 @@ type probeResult struct {
 	// unknown is set when the probe could not tell (see probe.fallback).
 	unknown bool
 	detail  string // what was seen: "returned 200", "NOT_SERVING", "connection refused"
-	err     error  // set when the probe could not be made at all (context canceled)
 }
 
 // selectProbe returns the first probe of p that applies on this host.

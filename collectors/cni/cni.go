@@ -30,6 +30,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -112,6 +113,9 @@ type Collector struct {
 	now       func() time.Time
 	// dial opens the connection of a gRPC health probe (dialNet).
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// mu guards transports, the gRPC health transports by endpoint.
+	mu         sync.Mutex
+	transports map[string]*http.Transport
 }
 
 // New validates cfg, fills defaults and returns a Collector. It does not touch the host.

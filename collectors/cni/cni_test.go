@@ -394,7 +394,7 @@ func TestCleanRel(t *testing.T) {
 }
 
 func BenchmarkCheck(b *testing.B) {
-	c, err := New(Config{HostRoot: "testdata/hosts/valid"})
+	c, err := New(Config{HostRoot: "testdata/hosts/valid", Preset: PresetNone})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -287,16 +287,7 @@ func (c *Collector) grpcHealth(ctx context.Context, p probe) (string, error) {
 		}
 		address = resolved
 	}
-	var protocols http.Protocols
-	protocols.SetUnencryptedHTTP2(true)
-	tr := &http.Transport{
-		Protocols: &protocols,
-		Proxy:     nil,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return c.dial(ctx, network, address)
-		},
-	}
-	defer tr.CloseIdleConnections()
+	tr := c.grpcTransport(network, address)
 	host := "localhost"
 	if network == "tcp" {
 		host = address
@@ -329,6 +320,34 @@ func (c *Collector) grpcHealth(ctx context.Context, p probe) (string, error) {
 		return "", fmt.Errorf("gRPC call failed: HTTP %d, grpc-status %q %s", resp.StatusCode, grpcStatus, msg)
 	}
 	return parseHealthCheckResponse(body)
+}
+
+// grpcTransport returns the cleartext HTTP/2 transport to one agent endpoint, kept across
+// checks so each check costs one request on an open connection rather than a new handshake.
+// A restarted agent breaks the connection; the transport dials again on the next check.
+func (c *Collector) grpcTransport(network, address string) *http.Transport {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := network + " " + address
+	if tr, ok := c.transports[key]; ok {
+		return tr
+	}
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	dial := c.dial
+	tr := &http.Transport{
+		Protocols:    &protocols,
+		Proxy:        nil,
+		MaxIdleConns: 1,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dial(ctx, network, address)
+		},
+	}
+	if c.transports == nil {
+		c.transports = map[string]*http.Transport{}
+	}
+	c.transports[key] = tr
+	return tr
 }
 
 // parseHealthCheckResponse decodes one length-prefixed HealthCheckResponse.

@@ -27,7 +27,7 @@ const (
 )
 
 // cniHost writes a host root with one conflist and executable plugin binaries.
-func cniHost(t *testing.T, conflist string, binaries ...string) string {
+func cniHost(t testing.TB, conflist string, binaries ...string) string {
 	t.Helper()
 	root := t.TempDir()
 	conf := filepath.Join(root, "etc/cni/net.d")
@@ -73,7 +73,7 @@ func grpcHealthHandler(status byte, grpcStatus string) http.Handler {
 }
 
 // serveH2C serves h over cleartext HTTP/2 on l until the test ends.
-func serveH2C(t *testing.T, l net.Listener, h http.Handler) {
+func serveH2C(t testing.TB, l net.Listener, h http.Handler) {
 	t.Helper()
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
@@ -83,7 +83,7 @@ func serveH2C(t *testing.T, l net.Listener, h http.Handler) {
 }
 
 // unixSocket listens on <root>/var/run/aws-node/ipamd.sock.
-func unixSocket(t *testing.T, root string) net.Listener {
+func unixSocket(t testing.TB, root string) net.Listener {
 	t.Helper()
 	dir := filepath.Join(root, "var/run/aws-node")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -374,6 +374,23 @@ func TestParseHealthCheckResponse(t *testing.T) {
 		got, err := parseHealthCheckResponse(tt.in)
 		if (err != nil) != tt.wantErr || got != tt.want {
 			t.Errorf("parseHealthCheckResponse(%v) = %q, %v; want %q, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+// BenchmarkCheckAWSPreset: file checks plus one gRPC health call to ipamd over its socket.
+func BenchmarkCheckAWSPreset(b *testing.B) {
+	root := cniHost(b, awsConflist, "aws-cni", "egress-cni", "portmap")
+	serveH2C(b, unixSocket(b, root), grpcHealthHandler(1, "0"))
+	c, err := New(Config{HostRoot: root})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+			b.Fatal(res.Message)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -29,6 +30,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,6 +55,9 @@ const (
 	ReasonCNIPluginMissing = "CNIPluginMissing"
 	// ReasonCNIAgentUnhealthy: the CNI agent's health endpoint did not answer 2xx in time.
 	ReasonCNIAgentUnhealthy = "CNIAgentUnhealthy"
+	// ReasonCNIAgentUnknown: the CNI agent's health could not be observed (its socket is not
+	// visible to the agent and the fallback port refused); the status is Unknown.
+	ReasonCNIAgentUnknown = "CNIAgentUnknown"
 	// ReasonCNIUnreadable: the check could not read the configuration or binary directory
 	// (permissions, I/O error); the status is Unknown.
 	ReasonCNIUnreadable = "CNIUnreadable"
@@ -80,9 +85,13 @@ type Config struct {
 	ConfDir string
 	// BinDir is the CNI plugin binary directory, relative to HostRoot; DefaultBinDir when empty.
 	BinDir string
-	// HealthURL is the CNI agent's health endpoint (for example Cilium's
-	// http://127.0.0.1:9879/healthz); not checked when empty.
+	// HealthURL is a CNI agent health endpoint to GET (2xx is healthy). When set it replaces
+	// the preset's probes; use it for a CNI without a preset or a non-default port.
 	HealthURL string
+	// Preset selects the CNI agent's own health probe: PresetAuto (the default, chosen from
+	// the default network's plugin types; an unknown CNI gets the file checks only),
+	// PresetNone, PresetAWSVPCCNI, PresetCilium or PresetCalico.
+	Preset string
 	// Timeout bounds the health request; DefaultTimeout when zero.
 	Timeout time.Duration
 	// HTTPClient makes the health request; when nil, a client that never uses a proxy.
@@ -98,9 +107,15 @@ type Collector struct {
 	confDir   string // cleaned, relative to hostRoot, slash-separated
 	binDir    string
 	healthURL string
+	preset    string
 	timeout   time.Duration
 	client    *http.Client
 	now       func() time.Time
+	// dial opens the connection of a gRPC health probe (dialNet).
+	dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// mu guards transports, the gRPC health transports by endpoint.
+	mu         sync.Mutex
+	transports map[string]*http.Transport
 }
 
 // New validates cfg, fills defaults and returns a Collector. It does not touch the host.
@@ -110,6 +125,8 @@ func New(cfg Config) (*Collector, error) {
 		confDir:   cleanRel(cfg.ConfDir, DefaultConfDir),
 		binDir:    cleanRel(cfg.BinDir, DefaultBinDir),
 		healthURL: cfg.HealthURL,
+		preset:    cfg.Preset,
+		dial:      dialNet,
 		timeout:   cfg.Timeout,
 		client:    cfg.HTTPClient,
 		now:       cfg.Now,
@@ -127,6 +144,13 @@ func New(cfg Config) (*Collector, error) {
 		u, err := url.Parse(c.healthURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("cni: HealthURL %q must be an absolute http or https URL such as http://127.0.0.1:9879/healthz", cfg.HealthURL)
+		}
+	}
+	switch c.preset {
+	case "", PresetAuto, PresetNone:
+	default:
+		if _, ok := findPreset(c.preset); !ok {
+			return nil, fmt.Errorf("cni: Preset %q is not one of %s", cfg.Preset, strings.Join(PresetNames(), ", "))
 		}
 	}
 	if c.client == nil {
@@ -211,23 +235,45 @@ func (c *Collector) Check(ctx context.Context) collectors.Result {
 
 	msg := fmt.Sprintf("%s: network %q (cniVersion %s), plugins %s present in /%s",
 		hostFile, nc.Name, nc.CNIVersion, strings.Join(nc.Types, ", "), c.binDir)
-	if c.healthURL == "" {
+	res.Inputs = append(res.Inputs, collectors.Input{Name: "default network", Source: hostFile,
+		Value: fmt.Sprintf("%q, plugins %s", nc.Name, strings.Join(nc.Types, ", ")), Threshold: "valid, every plugin an executable in /" + c.binDir})
+	probes, how := c.probesFor(nc.Types)
+	if len(probes) == 0 {
 		return set(collectors.StatusHealthy, ReasonCNIReady, msg, nil)
 	}
-	status, err := c.health(ctx)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		return set(collectors.StatusUnknown, ReasonCheckCanceled, fmt.Sprintf("%s; CNI agent health check canceled: %v", msg, err), err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return set(collectors.StatusUnhealthy, ReasonCNIAgentUnhealthy,
-			fmt.Sprintf("%s; CNI agent health %s did not answer within %v", msg, c.healthURL, c.timeout), nil)
-	case err != nil:
-		return set(collectors.StatusUnhealthy, ReasonCNIAgentUnhealthy, fmt.Sprintf("%s; CNI agent health %s: %v", msg, c.healthURL, err), nil)
-	case status < 200 || status > 299:
-		return set(collectors.StatusUnhealthy, ReasonCNIAgentUnhealthy,
-			fmt.Sprintf("%s; CNI agent health %s returned %d %s", msg, c.healthURL, status, http.StatusText(status)), nil)
+	var (
+		seen      []string
+		unhealthy []string
+		unknown   []string
+	)
+	for _, ap := range probes {
+		r := c.runProbe(ctx, ap)
+		if ctx.Err() != nil {
+			return set(collectors.StatusUnknown, ReasonCheckCanceled, fmt.Sprintf("%s; CNI agent health check canceled: %v", msg, ctx.Err()), ctx.Err())
+		}
+		line := fmt.Sprintf("%s %s %s", r.agent, r.probe, r.detail)
+		want := "2xx"
+		if r.probe.kind == probeGRPCHealth {
+			want = "SERVING"
+		}
+		res.Inputs = append(res.Inputs, collectors.Input{Name: r.agent + how, Source: r.probe.String(), Value: r.detail, Threshold: want})
+		seen = append(seen, line)
+		switch {
+		case r.unknown:
+			unknown = append(unknown, line)
+		case !r.healthy:
+			unhealthy = append(unhealthy, line)
+		}
 	}
-	return set(collectors.StatusHealthy, ReasonCNIReady, fmt.Sprintf("%s; CNI agent health %s returned %d", msg, c.healthURL, status), nil)
+	if len(unhealthy) > 0 {
+		return set(collectors.StatusUnhealthy, ReasonCNIAgentUnhealthy,
+			fmt.Sprintf("%s; but the CNI agent is not healthy%s: %s", msg, how, strings.Join(unhealthy, "; ")), nil)
+	}
+	if len(unknown) > 0 {
+		return set(collectors.StatusUnknown, ReasonCNIAgentUnknown,
+			fmt.Sprintf("%s; cannot observe the CNI agent%s: %s", msg, how, strings.Join(unknown, "; ")), nil)
+	}
+	return set(collectors.StatusHealthy, ReasonCNIReady, fmt.Sprintf("%s; %s", msg, strings.Join(seen, "; ")), nil)
 }
 
 // isMissing reports whether err means a path does not exist (a component may also be a file
@@ -355,22 +401,4 @@ func (c *Collector) checkPlugins(types []string) (problems []string, err error) 
 		}
 	}
 	return problems, nil
-}
-
-// health GETs the agent's health endpoint within the timeout and returns the status code.
-func (c *Collector) health(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.healthURL, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := c.client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	// Drain a little so the connection can be reused; the body itself is not judged.
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-	return resp.StatusCode, nil
 }

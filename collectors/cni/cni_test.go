@@ -88,7 +88,7 @@ func TestCheckFixtures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.host, func(t *testing.T) {
-			c, err := New(Config{HostRoot: filepath.Join("testdata", "hosts", tt.host), Now: fixedNow})
+			c, err := New(Config{HostRoot: filepath.Join("testdata", "hosts", tt.host), Preset: PresetNone, Now: fixedNow})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -394,7 +394,7 @@ func TestCleanRel(t *testing.T) {
 }
 
 func BenchmarkCheck(b *testing.B) {
-	c, err := New(Config{HostRoot: "testdata/hosts/valid"})
+	c, err := New(Config{HostRoot: "testdata/hosts/valid", Preset: PresetNone})
 	if err != nil {
 		b.Fatal(err)
 	}

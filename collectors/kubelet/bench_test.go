@@ -81,3 +81,22 @@ func BenchmarkConfigCheck(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkConfigCheckFromUnit: no kubelet process, so the command line is rebuilt from the
+// AL2 unit, its drop-ins and the kubelet config file.
+func BenchmarkConfigCheckFromUnit(b *testing.B) {
+	c, err := NewConfigCheck(ConfigCheckConfig{
+		HostRoot:       filepath.Join("testdata", "hosts", "al2-dropin-quoted-ok"),
+		ExpectedTaints: []string{ciliumTaint},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+			b.Fatal(res.Message)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,14 +25,17 @@ const (
 	// expected one is registered.
 	ReasonKubeletConfigValid = "KubeletConfigValid"
 	// ReasonStartupTaintMalformed: an entry of --register-with-taints or registerWithTaints
-	// is rejected or dropped by the kubelet.
+	// is rejected or dropped by the kubelet (or by the API server when the node registers).
 	ReasonStartupTaintMalformed = "StartupTaintMalformed"
-	// ReasonStartupTaintMissing: an expected startup taint is not registered.
+	// ReasonStartupTaintMissing: an expected startup taint is not registered. It is a
+	// configuration advisory (Warning: the node works, it is only schedulable earlier than
+	// the agent would like) unless ConfigCheckConfig.MissingIsUnhealthy is set.
 	ReasonStartupTaintMissing = "StartupTaintMissing"
-	// ReasonKubeletProcessNotFound: no kubelet process under <HostRoot>/proc (Unknown).
+	// ReasonKubeletProcessNotFound: no kubelet process under <HostRoot>/proc and no kubelet
+	// unit file to rebuild its command line from (Unknown).
 	ReasonKubeletProcessNotFound = "KubeletProcessNotFound"
-	// ReasonKubeletConfigUnreadable: the kubelet's --config file or --config-dir could not be
-	// read or parsed (Unknown).
+	// ReasonKubeletConfigUnreadable: the kubelet's --config file, --config-dir, unit files or
+	// environment files could not be read or parsed (Unknown).
 	ReasonKubeletConfigUnreadable = "KubeletConfigUnreadable"
 )
 
@@ -39,35 +43,57 @@ const (
 	configCheckName = "kubelet-config"
 	// maxConfigBytes bounds what is read of a kubelet configuration file.
 	maxConfigBytes = 1 << 20
+	// DefaultKubeletUnit is the systemd unit the kubelet runs as on EKS AMIs.
+	DefaultKubeletUnit = "kubelet.service"
+	// nodeadmEnvironmentFile is where AL2023's nodeadm writes the kubelet's flags
+	// (NODEADM_KUBELET_ARGS), from NodeConfig spec.kubelet.flags.
+	nodeadmEnvironmentFile = "/etc/eks/kubelet/environment"
 )
 
 // ConfigCheckConfig configures the "kubelet-config" check.
 type ConfigCheckConfig struct {
 	// HostRoot is where the host's root filesystem is mounted ("/" by default); the kubelet
-	// is looked for in <HostRoot>/proc and its config files are read under HostRoot.
+	// is looked for in <HostRoot>/proc and its unit and config files are read under HostRoot.
 	HostRoot string
+	// Unit is the kubelet's systemd unit (DefaultKubeletUnit when empty). When no kubelet
+	// process exists, its command line is rebuilt from this unit's files.
+	Unit string
 	// ExpectedTaints are the startup taints the agent owns and expects the kubelet to
 	// register: "key", "key:Effect" or "key=value:Effect". A taint matches by key, and by
 	// effect when one is given.
 	ExpectedTaints []string
+	// MissingIsUnhealthy makes a missing expected taint Unhealthy instead of an advisory
+	// (Warning). Set it when something outside the node requires the taint (a
+	// Karpenter NodePool listing it in startupTaints kills nodes that lack it).
+	MissingIsUnhealthy bool
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
 
-// ConfigCheck finds the running kubelet and validates the startup taints it registers the
-// Node with. It exists because a mis-quoted --register-with-taints silently registers the
-// node without its startup taint, and the node is killed 15 minutes later with an opaque
-// "missing required startup taint"; from the node, the exact mistake is visible in seconds.
+// ConfigCheck validates the startup taints the kubelet registers its Node with, from the
+// running kubelet's command line or, when it is not running, from everything systemd would
+// start it with. It exists because a mis-quoted --register-with-taints either makes the
+// kubelet exit at once (the node never joins) or silently registers the node without its
+// startup taint, and the node is killed 15 minutes later with an opaque "missing required
+// startup taint"; from the node, the exact mistake is visible in seconds.
 type ConfigCheck struct {
-	hostRoot string
-	expected []Taint
-	now      func() time.Time
+	hostRoot           string
+	unit               string
+	expected           []Taint
+	missingIsUnhealthy bool
+	now                func() time.Time
 }
 
 // NewConfigCheck validates cfg (every expected taint must parse) and fills defaults.
 func NewConfigCheck(cfg ConfigCheckConfig) (*ConfigCheck, error) {
 	if cfg.HostRoot == "" {
 		cfg.HostRoot = "/"
+	}
+	if cfg.Unit == "" {
+		cfg.Unit = DefaultKubeletUnit
+	}
+	if strings.ContainsAny(cfg.Unit, "/\x00") {
+		return nil, fmt.Errorf("kubelet: ConfigCheckConfig.Unit %q must be a unit name such as %s", cfg.Unit, DefaultKubeletUnit)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -80,7 +106,7 @@ func NewConfigCheck(cfg ConfigCheckConfig) (*ConfigCheck, error) {
 		}
 		expected = append(expected, t)
 	}
-	return &ConfigCheck{hostRoot: cfg.HostRoot, expected: expected, now: cfg.Now}, nil
+	return &ConfigCheck{hostRoot: cfg.HostRoot, unit: cfg.Unit, expected: expected, missingIsUnhealthy: cfg.MissingIsUnhealthy, now: cfg.Now}, nil
 }
 
 // Name returns "kubelet-config".
@@ -105,32 +131,110 @@ type taintSource struct {
 	taints []Taint
 	// configPath is the --config file under HostRoot, if any (for suggestions).
 	configPath string
+	// from is where the flag was written in the unit files, when known (kind "flag").
+	from *unitArg
+	// argWord is the whole argument that carried the flag, for the corrected line.
+	argWord string
 }
 
-// Check reads /proc and the kubelet's configuration. Reading is bounded by the file system,
-// not the network; ctx is checked between processes so a huge /proc cannot hold it long.
+// Check reads /proc, the kubelet's unit files and its configuration. Reading is bounded by
+// the file system, not the network; ctx is checked between processes so a huge /proc
+// cannot hold it long.
 func (c *ConfigCheck) Check(ctx context.Context) collectors.Result {
 	res := collectors.Result{Check: configCheckName, Time: c.now()}
-	proc, err := findKubelet(ctx, filepath.Join(c.hostRoot, "proc"))
-	if err != nil {
+	procDir := filepath.Join(c.hostRoot, "proc")
+	proc, perr := findKubelet(ctx, procDir)
+	// The unit is read even when the process exists: it names the file to fix.
+	unit, uerr := loadKubeletUnit(c.hostRoot, c.unit)
+
+	var (
+		args []string
+		who  string
+	)
+	switch {
+	case perr == nil:
+		args, who = proc.args, fmt.Sprintf("kubelet pid %d", proc.pid)
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "kubelet command line", Source: fmt.Sprintf("/proc/%d/cmdline", proc.pid), Value: fmt.Sprintf("%d arguments", len(args))})
+	case errors.Is(perr, errKubeletNotFound) && uerr == nil:
+		args = unit.args()
+		dialect := "systemd >= 233 rules"
+		if unit.legacy {
+			dialect = "systemd < 233 rules (Amazon Linux 2)"
+		}
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "kubelet command line", Source: strings.Join(unit.files, ", "),
+			Value: fmt.Sprintf("%d arguments rebuilt from ExecStart= at %s:%d with %s", len(args), unit.exec.file, unit.exec.line, dialect)})
+		who = fmt.Sprintf("%s (no kubelet process; command line rebuilt from %s)", c.unit, strings.Join(unit.files, ", "))
+	case errors.Is(perr, errKubeletNotFound) && !errors.Is(uerr, errUnitNotFound):
+		res.Status, res.Reason = collectors.StatusUnknown, ReasonKubeletConfigUnreadable
+		res.Message = fmt.Sprintf("cannot validate the kubelet's startup taints: %v, and its unit cannot be read: %v", perr, uerr)
+		res.Err = fmt.Errorf("%w; %w", perr, uerr)
+		return res
+	default:
 		res.Status, res.Reason = collectors.StatusUnknown, ReasonKubeletProcessNotFound
-		res.Message = fmt.Sprintf("cannot validate the kubelet's startup taints: %v", err)
-		res.Err = err
+		res.Message = fmt.Sprintf("cannot validate the kubelet's startup taints: %v", perr)
+		if uerr != nil && errors.Is(perr, errKubeletNotFound) {
+			res.Message += fmt.Sprintf("; nor from its unit: %v (is the host's root mounted at the host root?)", uerr)
+		}
+		res.Err = perr
 		return res
 	}
-	flags := parseKubeletArgs(proc.args)
+	flags := parseKubeletArgs(args)
 	src, err := c.effectiveTaints(flags)
 	if err != nil {
 		res.Status, res.Reason = collectors.StatusUnknown, ReasonKubeletConfigUnreadable
-		res.Message = fmt.Sprintf("cannot validate the startup taints of kubelet pid %d: %v", proc.pid, err)
+		res.Message = fmt.Sprintf("cannot validate the startup taints of %s: %v", who, err)
 		res.Err = err
 		return res
 	}
-	return c.judge(res, proc.pid, src)
+	if src.kind == "flag" {
+		src.argWord = args[flags.taintsArg]
+		src.from = c.flagOrigin(flags, unit, perr == nil)
+	}
+	switch src.kind {
+	case "flag":
+		in := collectors.Input{Name: "--register-with-taints", Source: "command line", Value: src.raw,
+			Threshold: "key[=value]:Effect,... as the kubelet parses it (pkg/util/taints.ParseTaints)"}
+		if src.from != nil {
+			in.Source = fmt.Sprintf("%s:%d %s", src.from.from.file, src.from.from.line, src.from.from.directive)
+			if src.from.from.variable != "" {
+				in.Source += " " + src.from.from.variable
+			}
+		}
+		res.Inputs = append(res.Inputs, in)
+	case "file":
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "registerWithTaints", Source: src.where, Value: taintList(src.taints),
+			Threshold: "kubelet config validation, then API server Node validation"})
+	default:
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "registered startup taints", Value: src.where})
+	}
+	if len(c.expected) > 0 {
+		res.Inputs = append(res.Inputs, collectors.Input{Name: "expected startup taints", Source: "agent configuration (owned taints)",
+			Value: taintList(c.expected), Threshold: "each registered (same key, and same effect when one is given)"})
+	}
+	return c.judge(res, who, src, unit)
+}
+
+// flagOrigin finds the unit-file word that carries the taints flag: directly when the
+// command line was rebuilt from the unit, or, for a running kubelet, when the unit files
+// still produce the same value (otherwise they were edited after the kubelet started).
+func (c *ConfigCheck) flagOrigin(flags kubeletFlags, unit *kubeletUnit, running bool) *unitArg {
+	if unit == nil {
+		return nil
+	}
+	if !running {
+		a := unit.argv[flags.taintsArg]
+		return &a
+	}
+	uf := parseKubeletArgs(unit.args())
+	if !uf.taintsSet || uf.taints != flags.taints {
+		return nil
+	}
+	a := unit.argv[uf.taintsArg]
+	return &a
 }
 
 // judge validates the effective taints and compares them with the expectations.
-func (c *ConfigCheck) judge(res collectors.Result, pid int, src taintSource) collectors.Result {
+func (c *ConfigCheck) judge(res collectors.Result, who string, src taintSource, unit *kubeletUnit) collectors.Result {
 	var (
 		taints   []Taint
 		problems []Problem
@@ -138,30 +242,51 @@ func (c *ConfigCheck) judge(res collectors.Result, pid int, src taintSource) col
 	)
 	switch src.kind {
 	case "flag":
-		taints, problems = ParseRegisterWithTaints(src.raw)
-		for _, p := range problems {
+		var flagProblems []Problem
+		taints, flagProblems = ParseRegisterWithTaints(src.raw)
+		fixLine := ""
+		if len(flagProblems) > 0 {
+			fixLine = correctedLine(src, unit, repairedFlag(strings.Split(src.raw, ",")))
+		}
+		for _, p := range flagProblems {
 			if t, ok := repairEntry(p.Entry); ok {
 				repaired = append(repaired, t)
+			} else if k := entryKey(p.Entry); k != "" {
+				// Not mechanically repairable, but it names the key: the message above
+				// already covers an expectation on it.
+				repaired = append(repaired, Taint{Key: k})
 			}
+			if src.from != nil {
+				p.Message = fmt.Sprintf("%s:%d: %s", src.from.from.file, src.from.from.line, p.Message)
+			}
+			p.Message += fixLine
+			problems = append(problems, p)
 		}
 	case "file":
-		for _, t := range src.taints {
-			if msg := validateTaint(t); msg != "" {
-				problems = append(problems, Problem{
-					Entry:   t.String(),
-					Reason:  ReasonStartupTaintMalformed,
-					Message: fmt.Sprintf("registerWithTaints entry {key: %q, value: %q, effect: %q} in %s %s; %s", t.Key, t.Value, t.Effect, src.where, msg, fileFix(t)),
-				})
-				continue
+		bad := map[int]bool{}
+		for _, p := range ValidateConfigTaints(src.taints) {
+			i, _ := strconv.Atoi(p.Entry)
+			bad[i] = true
+			t := src.taints[i]
+			p.Entry = t.String()
+			p.Message = fmt.Sprintf("registerWithTaints entry {key: %q, value: %q, effect: %q} in %s %s; %s; %s",
+				t.Key, t.Value, t.Effect, src.where, p.Message, p.Effect, fileFix(t))
+			problems = append(problems, p)
+			if fixed, ok := repairConfigTaint(t); ok {
+				repaired = append(repaired, fixed)
 			}
-			taints = append(taints, t)
+		}
+		for i, t := range src.taints {
+			if !bad[i] {
+				taints = append(taints, t)
+			}
 		}
 	}
 	malformed := len(problems)
 
 	var missing []Taint
 	for _, want := range c.expected {
-		if matchTaint(taints, want) || matchTaint(repaired, want) {
+		if matchTaint(taints, want) || matchTaint(repaired, want) || matchTaint(repaired, Taint{Key: want.Key}) && malformed > 0 {
 			continue // present, or present once the malformed entry is fixed (reported above)
 		}
 		missing = append(missing, want)
@@ -171,31 +296,126 @@ func (c *ConfigCheck) judge(res collectors.Result, pid int, src taintSource) col
 		problems = append(problems, Problem{
 			Entry:   want.String(),
 			Reason:  ReasonStartupTaintMissing,
-			Message: missingMessage(want, registered, missing, src),
+			Message: missingMessage(want, registered, missing, src, unit),
 		})
 	}
 
 	switch {
 	case malformed > 0:
 		res.Status, res.Reason = collectors.StatusUnhealthy, ReasonStartupTaintMalformed
-	case len(problems) > 0:
+	case len(problems) > 0 && c.missingIsUnhealthy:
 		res.Status, res.Reason = collectors.StatusUnhealthy, ReasonStartupTaintMissing
+	case len(problems) > 0:
+		res.Status, res.Reason = collectors.StatusWarning, ReasonStartupTaintMissing
 	default:
 		res.Status, res.Reason = collectors.StatusHealthy, ReasonKubeletConfigValid
 		from := "from " + src.where
 		if src.kind == "none" {
 			from = "(" + src.where + ")"
 		}
-		res.Message = fmt.Sprintf("kubelet pid %d registers %d startup taint(s) %s %s; all %d expected present",
-			pid, len(taints), taintList(taints), from, len(c.expected))
+		res.Message = fmt.Sprintf("%s registers %d startup taint(s) %s %s; all %d expected present",
+			who, len(taints), taintList(taints), from, len(c.expected))
 		return res
 	}
 	msgs := make([]string, len(problems))
 	for i, p := range problems {
 		msgs[i] = p.Message
 	}
-	res.Message = fmt.Sprintf("kubelet pid %d: %s", pid, strings.Join(msgs, "; "))
+	res.Message = fmt.Sprintf("%s: %s", who, strings.Join(msgs, "; "))
+	if res.Reason == ReasonStartupTaintMissing && !c.missingIsUnhealthy {
+		res.Message += " (advisory: the node works, but it can be scheduled before the agent removes its startup taint)"
+	}
 	return res
+}
+
+// entryKey is the key a malformed flag entry names once quotes and whitespace are dropped.
+func entryKey(entry string) string {
+	s := strings.TrimSpace(strings.Map(func(r rune) rune {
+		if r == '"' || r == '\'' || r == '`' {
+			return -1
+		}
+		return r
+	}, entry))
+	kv, _, _ := strings.Cut(s, ":")
+	k, _, _ := strings.Cut(kv, "=")
+	if qualifiedNameError(k) != "" {
+		return ""
+	}
+	return k
+}
+
+// correctedLine words the line to write in place of the one that carries a malformed taints
+// flag, given the repaired flag (empty when the entries need a human decision).
+func correctedLine(src taintSource, unit *kubeletUnit, fix string) string {
+	if fix == "" || src.from == nil {
+		return ""
+	}
+	o := src.from.from
+	switch o.directive {
+	case "Environment", "EnvironmentFile":
+		value := replaceFlagInValue(o.value, fix)
+		var line string
+		if o.directive == "Environment" {
+			line = fmt.Sprintf("Environment=%s", systemdQuote(o.variable+"="+value))
+		} else {
+			line = fmt.Sprintf("%s=%s", o.variable, envFileQuote(value))
+		}
+		out := fmt.Sprintf("; write: %s", line)
+		if src.from.braced && unit != nil {
+			out += fmt.Sprintf(" (ExecStart= in %s:%d uses ${%s}, which passes the value verbatim as one argument, quotes included; $%s would split it into words and remove the quotes)",
+				unit.exec.file, unit.exec.line, o.variable, o.variable)
+		}
+		if o.file == nodeadmEnvironmentFile {
+			out += fmt.Sprintf(" (nodeadm rewrites this file at boot from NodeConfig spec.kubelet.flags: write the flag there as - %s)", fix)
+		}
+		return out
+	case "ExecStart":
+		return fmt.Sprintf("; write the argument in ExecStart= as: %s", fix)
+	}
+	return ""
+}
+
+// replaceFlagInValue replaces the --register-with-taints flag (and its separate value word,
+// if any) among the words of value with fix, the words split as systemd splits $VAR.
+func replaceFlagInValue(value, fix string) string {
+	words, _ := extractWords(value, false, true)
+	out := make([]string, 0, len(words))
+	replaced := false
+	for i := 0; i < len(words); i++ {
+		w := strings.TrimLeft(words[i], "\"'`")
+		if strings.HasPrefix(w, "--register-with-taints") {
+			if w == "--register-with-taints" && i+1 < len(words) {
+				i++
+			}
+			if !replaced {
+				out = append(out, fix)
+				replaced = true
+			}
+			continue
+		}
+		out = append(out, words[i])
+	}
+	if !replaced {
+		return fix
+	}
+	return strings.Join(out, " ")
+}
+
+// systemdQuote single-quotes a word for a unit file assignment, escaping what systemd's
+// unquoting would otherwise interpret.
+func systemdQuote(s string) string {
+	r := strings.NewReplacer("\\", "\\\\", "'", "\\'")
+	return "'" + r.Replace(s) + "'"
+}
+
+// envFileQuote writes a value for an environment file: bare when systemd reads it back
+// unchanged, double-quoted with escapes otherwise.
+func envFileQuote(s string) string {
+	if !strings.ContainsAny(s, "\"'\\$`#;") {
+		return s
+	}
+	r := strings.NewReplacer("\\", "\\\\", "\"", "\\\"", "`", "\\`", "$", "\\$")
+	return "\"" + r.Replace(s) + "\""
 }
 
 // matchTaint reports whether want is among taints: same key, and same effect when want has one.
@@ -209,7 +429,7 @@ func matchTaint(taints []Taint, want Taint) bool {
 }
 
 // missingMessage words the fix for a missing expected taint for the source in use.
-func missingMessage(want Taint, have, missing []Taint, src taintSource) string {
+func missingMessage(want Taint, have, missing []Taint, src taintSource, unit *kubeletUnit) string {
 	add := want
 	if add.Effect == "" {
 		add.Effect = effectNoSchedule
@@ -238,12 +458,33 @@ func missingMessage(want Taint, have, missing []Taint, src taintSource) string {
 			}
 			parts = append(parts, m.String())
 		}
-		fix := fmt.Sprintf("%s; pass --register-with-taints=%s to the kubelet", head, strings.Join(parts, ","))
+		flag := "--register-with-taints=" + strings.Join(parts, ",")
+		fix := fmt.Sprintf("%s; pass %s to the kubelet%s", head, flag, whereToPass(src, unit, flag))
 		if src.kind == "none" && src.configPath != "" {
 			fix += fmt.Sprintf(" or add %s to registerWithTaints in %s", yamlTaint(add), src.configPath)
 		}
 		return fix
 	}
+}
+
+// whereToPass names the place on this node where a kubelet flag belongs: the file that
+// already carries --register-with-taints, else the variable the EKS AMIs reserve for extra
+// flags (AL2: KUBELET_EXTRA_ARGS in a drop-in; AL2023: NodeConfig spec.kubelet.flags, which
+// nodeadm writes to /etc/eks/kubelet/environment).
+func whereToPass(src taintSource, unit *kubeletUnit, flag string) string {
+	if src.from != nil && src.from.from.directive != "ExecStart" {
+		return fmt.Sprintf(" (in %s of %s:%d)", src.from.from.variable, src.from.from.file, src.from.from.line)
+	}
+	if unit == nil {
+		return ""
+	}
+	if v, ok := unit.env["NODEADM_KUBELET_ARGS"]; ok {
+		return fmt.Sprintf(" (NodeConfig spec.kubelet.flags: - %s; nodeadm writes it to NODEADM_KUBELET_ARGS in %s)", flag, v.from.file)
+	}
+	if v, ok := unit.env["KUBELET_EXTRA_ARGS"]; ok {
+		return fmt.Sprintf(" (add it to KUBELET_EXTRA_ARGS in %s:%d)", v.from.file, v.from.line)
+	}
+	return ""
 }
 
 // yamlTaint renders a taint as a flow-style YAML entry of registerWithTaints.
@@ -254,14 +495,22 @@ func yamlTaint(t Taint) string {
 	return fmt.Sprintf("{key: %s, value: %q, effect: %s}", t.Key, t.Value, t.Effect)
 }
 
-// fileFix words the fix for a malformed structured taint.
-func fileFix(t Taint) string {
+// repairConfigTaint applies the mechanical fixes to a structured taint (quotes and
+// surrounding whitespace dropped, the effect's case fixed) and reports whether the result
+// is valid.
+func repairConfigTaint(t Taint) (Taint, bool) {
 	clean := func(s string) string { return strings.Trim(strings.TrimSpace(s), "\"'`") }
 	fixed := Taint{Key: clean(t.Key), Value: clean(t.Value), Effect: clean(t.Effect)}
 	if e := effectFold(fixed.Effect); e != "" {
 		fixed.Effect = e
 	}
-	if validateTaint(fixed) == "" {
+	_, effect := configTaintIssue(fixed)
+	return fixed, effect == EffectNone
+}
+
+// fileFix words the fix for a malformed structured taint.
+func fileFix(t Taint) string {
+	if fixed, ok := repairConfigTaint(t); ok {
 		return "write it as " + yamlTaint(fixed)
 	}
 	return "the key must be a qualified name, the value a label value and the effect one of " + strings.Join(validEffects, ", ")
@@ -315,6 +564,9 @@ type kubeletFlags struct {
 	configDir string
 	taints    string
 	taintsSet bool
+	// taintsArg is the index in argv of the argument that carries the taints value (the
+	// "--register-with-taints=..." word, or the word after "--register-with-taints").
+	taintsArg int
 }
 
 // parseKubeletArgs extracts --config, --config-dir and --register-with-taints from argv the
@@ -331,11 +583,13 @@ func parseKubeletArgs(args []string) kubeletFlags {
 			continue
 		}
 		name, value, hasValue := strings.Cut(trimmed[2:], "=")
+		at := i
 		if !hasValue {
 			switch name {
 			case "config", "config-dir", "register-with-taints":
 				if i+1 < len(args) {
 					i++
+					at = i
 					value = args[i]
 				}
 			default:
@@ -350,6 +604,7 @@ func parseKubeletArgs(args []string) kubeletFlags {
 		case "register-with-taints":
 			f.taints = lead + value
 			f.taintsSet = true
+			f.taintsArg = at
 		}
 	}
 	return f
@@ -392,7 +647,7 @@ func (c *ConfigCheck) effectiveTaints(f kubeletFlags) (taintSource, error) {
 				return taintSource{}, err
 			}
 			if set {
-				return taintSource{kind: "file", where: p, taints: taints}, nil
+				return taintSource{kind: "file", where: path.Join("/", f.configDir, e.Name()), taints: taints}, nil
 			}
 		}
 	}
@@ -403,12 +658,12 @@ func (c *ConfigCheck) effectiveTaints(f kubeletFlags) (taintSource, error) {
 			return taintSource{}, err
 		}
 		if set {
-			return taintSource{kind: "file", where: p, taints: taints}, nil
+			return taintSource{kind: "file", where: path.Join("/", f.config), taints: taints}, nil
 		}
 	}
 	src := taintSource{kind: "none", where: "no --register-with-taints flag nor registerWithTaints setting"}
 	if f.config != "" {
-		src.configPath = c.hostPath(f.config)
+		src.configPath = path.Join("/", f.config)
 	}
 	return src, nil
 }

@@ -21,6 +21,8 @@ func TestConfigCheck(t *testing.T) {
 		reason   string
 		message  []string // substrings
 		wantErr  bool
+		// missingUnhealthy sets ConfigCheckConfig.MissingIsUnhealthy.
+		missingUnhealthy bool
 	}{
 		{
 			host:     "flag-valid",
@@ -34,7 +36,8 @@ func TestConfigCheck(t *testing.T) {
 			expected: []string{ciliumTaint + ":NoExecute"},
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
-			message: []string{`kubelet pid 1234: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; ` +
+			message: []string{`kubelet pid 1234: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has quote characters inside the value: ` +
+				`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoExecute\""; the kubelet rejects the whole flag and exits; ` +
 				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
 		},
 		{
@@ -42,13 +45,14 @@ func TestConfigCheck(t *testing.T) {
 			expected: []string{ciliumTaint},
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
-			message:  []string{"has stray quote characters; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes"},
+			message:  []string{"the kubelet rejects the whole flag and exits; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes"},
 		},
 		{
-			host:     "flag-overrides-config",
-			expected: []string{ciliumTaint + ":NoExecute"},
-			status:   collectors.StatusUnhealthy,
-			reason:   ReasonStartupTaintMissing,
+			host:             "flag-overrides-config",
+			expected:         []string{ciliumTaint + ":NoExecute"},
+			status:           collectors.StatusUnhealthy,
+			missingUnhealthy: true,
+			reason:           ReasonStartupTaintMissing,
 			message: []string{`expected startup taint "node.cilium.io/agent-not-ready:NoExecute" is not registered by the kubelet; ` +
 				`pass --register-with-taints=other.example.com/x:NoSchedule,node.cilium.io/agent-not-ready:NoExecute to the kubelet`},
 		},
@@ -57,12 +61,12 @@ func TestConfigCheck(t *testing.T) {
 			expected: []string{ciliumTaint + "=true:NoExecute"},
 			status:   collectors.StatusHealthy,
 			reason:   ReasonKubeletConfigValid,
-			message:  []string{"from ", filepath.Join("config-valid", "etc/kubernetes/kubelet/config.yaml")},
+			message:  []string{"from ", " /etc/kubernetes/kubelet/config.yaml;"},
 		},
 		{
 			host:     "config-valid",
 			expected: []string{ciliumTaint + ":NoSchedule"},
-			status:   collectors.StatusUnhealthy,
+			status:   collectors.StatusWarning, // an advisory
 			reason:   ReasonStartupTaintMissing,
 			message: []string{
 				"(registered with effect NoExecute instead of NoSchedule)",
@@ -72,12 +76,12 @@ func TestConfigCheck(t *testing.T) {
 		{
 			host:     "config-missing-taint",
 			expected: []string{ciliumTaint + "=true:NoExecute", "readiness.k8s.io/network"},
-			status:   collectors.StatusUnhealthy,
+			status:   collectors.StatusWarning, // an advisory
 			reason:   ReasonStartupTaintMissing,
 			message: []string{
 				`expected startup taint "node.cilium.io/agent-not-ready=true:NoExecute" is not registered by the kubelet; ` +
 					`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute,readiness.k8s.io/network:NoSchedule to the kubelet ` +
-					`or add {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute} to registerWithTaints in testdata/hosts/config-missing-taint/etc/kubernetes/kubelet/config.yaml`,
+					`or add {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute} to registerWithTaints in /etc/kubernetes/kubelet/config.yaml`,
 				`expected startup taint "readiness.k8s.io/network" is not registered`,
 			},
 		},
@@ -87,7 +91,7 @@ func TestConfigCheck(t *testing.T) {
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
 			message: []string{`registerWithTaints entry {key: "node.cilium.io/agent-not-ready", value: "true", effect: "noExecute"} in `,
-				`has effect "noExecute", but effects are case-sensitive (NoExecute); write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
+				`has effect "noExecute", but effects are case-sensitive (NoExecute); the kubelet refuses it and exits at start; write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
 		},
 		{
 			host:     "dropin-json",
@@ -111,11 +115,12 @@ func TestConfigCheck(t *testing.T) {
 				"all 0 expected present"},
 		},
 		{
-			host:     "no-taints",
-			expected: []string{ciliumTaint + "=true:NoExecute"},
-			status:   collectors.StatusUnhealthy,
-			reason:   ReasonStartupTaintMissing,
-			message:  []string{"pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute to the kubelet"},
+			host:             "no-taints",
+			expected:         []string{ciliumTaint + "=true:NoExecute"},
+			status:           collectors.StatusUnhealthy,
+			missingUnhealthy: true,
+			reason:           ReasonStartupTaintMissing,
+			message:          []string{"pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute to the kubelet"},
 		},
 		{
 			host:    "config-unreadable",
@@ -150,9 +155,10 @@ func TestConfigCheck(t *testing.T) {
 		t.Run(tt.host+"/"+strings.Join(tt.expected, ","), func(t *testing.T) {
 			clock := newFakeClock()
 			c, err := NewConfigCheck(ConfigCheckConfig{
-				HostRoot:       filepath.Join("testdata", "hosts", tt.host),
-				ExpectedTaints: tt.expected,
-				Now:            clock.Now,
+				HostRoot:           filepath.Join("testdata", "hosts", tt.host),
+				ExpectedTaints:     tt.expected,
+				MissingIsUnhealthy: tt.missingUnhealthy,
+				Now:                clock.Now,
 			})
 			if err != nil {
 				t.Fatalf("NewConfigCheck: %v", err)
@@ -220,32 +226,32 @@ func TestParseKubeletArgs(t *testing.T) {
 		{
 			name: "equals form",
 			args: []string{"kubelet", "--config=/c.yaml", "--config-dir=/d", "--register-with-taints=a:NoSchedule"},
-			want: kubeletFlags{config: "/c.yaml", configDir: "/d", taints: "a:NoSchedule", taintsSet: true},
+			want: kubeletFlags{config: "/c.yaml", configDir: "/d", taints: "a:NoSchedule", taintsSet: true, taintsArg: 3},
 		},
 		{
 			name: "separate value form",
 			args: []string{"kubelet", "--config", "/c.yaml", "--register-with-taints", "a:NoSchedule"},
-			want: kubeletFlags{config: "/c.yaml", taints: "a:NoSchedule", taintsSet: true},
+			want: kubeletFlags{config: "/c.yaml", taints: "a:NoSchedule", taintsSet: true, taintsArg: 4},
 		},
 		{
 			name: "last occurrence wins",
 			args: []string{"kubelet", "--register-with-taints=a:NoSchedule", "--register-with-taints=b:NoExecute"},
-			want: kubeletFlags{taints: "b:NoExecute", taintsSet: true},
+			want: kubeletFlags{taints: "b:NoExecute", taintsSet: true, taintsArg: 2},
 		},
 		{
 			name: "empty value still counts as set",
 			args: []string{"kubelet", "--register-with-taints="},
-			want: kubeletFlags{taintsSet: true},
+			want: kubeletFlags{taintsSet: true, taintsArg: 1},
 		},
 		{
 			name: "flag at the end without value",
 			args: []string{"kubelet", "--register-with-taints"},
-			want: kubeletFlags{taintsSet: true},
+			want: kubeletFlags{taintsSet: true, taintsArg: 1},
 		},
 		{
 			name: "leading quote moves onto the value",
 			args: []string{"kubelet", `'--register-with-taints=a:NoSchedule'`},
-			want: kubeletFlags{taints: `'a:NoSchedule'`, taintsSet: true},
+			want: kubeletFlags{taints: `'a:NoSchedule'`, taintsSet: true, taintsArg: 1},
 		},
 		{
 			name: "other flags and their values are skipped",
@@ -295,5 +301,194 @@ func TestParseConfigTaints(t *testing.T) {
 				t.Errorf("got %#v set=%v, want %#v set=%v", got, set, tt.want, tt.set)
 			}
 		})
+	}
+}
+
+// TestConfigCheckEKSHostRoots runs the check on host roots laid out as real EKS nodes: AL2
+// (kubelet.service plus bootstrap.sh's drop-ins, systemd 219) and AL2023 (nodeadm's
+// environment file and kubelet config drop-in, systemd 252), each with a malformed and a
+// healthy variant, with and without a kubelet process. A malformed taint makes the kubelet
+// exit, so "no process" is the usual case and the unit files are all there is to read.
+func TestConfigCheckEKSHostRoots(t *testing.T) {
+	const extraArgs = "/etc/systemd/system/kubelet.service.d/30-kubelet-extra-args.conf"
+	tests := []struct {
+		host     string
+		expected []string
+		status   collectors.Status
+		reason   string
+		message  []string // substrings
+		absent   []string // must not appear
+	}{
+		{
+			// bootstrap.sh --kubelet-extra-args '--register-with-taints="..."': systemd removes
+			// the quotes when it splits $KUBELET_EXTRA_ARGS, so the kubelet gets a clean flag.
+			host:     "al2-dropin-quoted-ok",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message: []string{"kubelet.service (no kubelet process; command line rebuilt from /etc/systemd/system/kubelet.service, " +
+				"/etc/systemd/system/kubelet.service.d/10-kubelet-args.conf, " + extraArgs + ") registers 1 startup taint(s) [node.cilium.io/agent-not-ready=true:NoExecute]"},
+		},
+		{
+			host:     "al2-running-ok",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 4242 registers 1 startup taint(s)"},
+		},
+		{
+			host:     "al2-dropin-bad-effect",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{extraArgs + `:2: --register-with-taints entry "node.cilium.io/agent-not-ready=true:noExecute" has effect "noExecute", but effects are case-sensitive (NoExecute); ` +
+				`the kubelet rejects the whole flag and exits; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute; ` +
+				`write: Environment='KUBELET_EXTRA_ARGS=--node-labels=eks.amazonaws.com/nodegroup=ng-1 --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute'`},
+			absent: []string{"is not registered"},
+		},
+		{
+			// An operator's drop-in passes ${KUBELET_EXTRA_ARGS}: verbatim, quotes included.
+			host:     "al2-dropin-braced",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{extraArgs + `:2: --register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoSchedule\"" has quote characters inside the value: ` +
+				`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoSchedule\""; the kubelet rejects the whole flag and exits; ` +
+				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoSchedule without inner quotes; ` +
+				`write: Environment='KUBELET_EXTRA_ARGS=--register-with-taints=node.cilium.io/agent-not-ready=true:NoSchedule' ` +
+				`(ExecStart= in /etc/systemd/system/kubelet.service.d/50-custom-exec.conf:4 uses ${KUBELET_EXTRA_ARGS}`},
+		},
+		{
+			// kubectl's removal syntax: the kubelet runs and silently drops the taint.
+			host:     "al2-running-removal",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{"kubelet pid 4242: " + extraArgs + `:2: --register-with-taints entry "node.cilium.io/agent-not-ready=true:NoExecute-" ends with '-'`,
+				"write: Environment='KUBELET_EXTRA_ARGS=--register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute'"},
+		},
+		{
+			host:     "al2023-env-ok",
+			expected: []string{ciliumTaint + "=true:NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet.service (no kubelet process; command line rebuilt from /etc/systemd/system/kubelet.service) registers 1 startup taint(s)"},
+		},
+		{
+			host:     "al2023-env-ok-running",
+			expected: []string{ciliumTaint + "=true:NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"kubelet pid 3101 registers 1 startup taint(s)"},
+		},
+		{
+			host:     "al2023-env-no-effect",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{`/etc/eks/kubelet/environment:1: --register-with-taints entry "node.cilium.io/agent-not-ready=true" has no effect; the kubelet rejects the whole flag and exits; ` +
+				`every registered taint needs key[=value]:Effect`},
+			absent: []string{"is not registered"},
+		},
+		{
+			host:     "al2023-nodeadm-config-bad",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message: []string{`registerWithTaints entry {key: "node.cilium.io/agent-not-ready", value: "true", effect: "noExecute"} in /etc/kubernetes/kubelet/config.json.d/40-nodeadm.conf ` +
+				`has effect "noExecute", but effects are case-sensitive (NoExecute); the kubelet refuses it and exits at start; write it as {key: node.cilium.io/agent-not-ready, value: "true", effect: NoExecute}`},
+			absent: []string{"is not registered"},
+		},
+		{
+			host:     "al2023-nodeadm-config-ok",
+			expected: []string{ciliumTaint + ":NoExecute"},
+			status:   collectors.StatusHealthy,
+			reason:   ReasonKubeletConfigValid,
+			message:  []string{"from /etc/kubernetes/kubelet/config.json.d/40-nodeadm.conf"},
+		},
+		{
+			// A healthy node that does not register the agent's own taint: an advisory.
+			host:     "al2023-no-owned-taint",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusWarning,
+			reason:   ReasonStartupTaintMissing,
+			message: []string{"(NodeConfig spec.kubelet.flags: - --register-with-taints=node.cilium.io/agent-not-ready:NoSchedule; nodeadm writes it to NODEADM_KUBELET_ARGS in /etc/eks/kubelet/environment)",
+				"(advisory: "},
+		},
+		{
+			host:     "al2023-no-owned-taint-running",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusWarning,
+			reason:   ReasonStartupTaintMissing,
+			message:  []string{"kubelet pid 3101: expected startup taint"},
+		},
+		{
+			host:    "al2023-no-owned-taint",
+			status:  collectors.StatusHealthy,
+			reason:  ReasonKubeletConfigValid,
+			message: []string{"registers 0 startup taint(s)"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host+"/"+strings.Join(tt.expected, ","), func(t *testing.T) {
+			c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: filepath.Join("testdata", "hosts", tt.host), ExpectedTaints: tt.expected})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := c.Check(context.Background())
+			if res.Status != tt.status || res.Reason != tt.reason {
+				t.Fatalf("got %s/%s (%s), want %s/%s", res.Status, res.Reason, res.Message, tt.status, tt.reason)
+			}
+			for _, m := range tt.message {
+				if !strings.Contains(res.Message, m) {
+					t.Errorf("message\n  %s\nwant it to contain\n  %s", res.Message, m)
+				}
+			}
+			for _, m := range tt.absent {
+				if strings.Contains(res.Message, m) {
+					t.Errorf("message\n  %s\nmust not contain\n  %s", res.Message, m)
+				}
+			}
+			if res.Err != nil {
+				t.Errorf("Err = %v", res.Err)
+			}
+		})
+	}
+}
+
+func TestConfigCheckUnitUnreadable(t *testing.T) {
+	root := writeHost(t, map[string]string{
+		"/proc/1/comm":                        "systemd\n",
+		"/proc/1/cmdline":                     "/usr/lib/systemd/systemd\x00",
+		"/etc/systemd/system/kubelet.service": "[Service]\nEnvironmentFile=/etc/eks/kubelet/environment\nExecStart=/usr/bin/kubelet $NODEADM_KUBELET_ARGS\n",
+	})
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := c.Check(context.Background())
+	if res.Status != collectors.StatusUnknown || res.Reason != ReasonKubeletConfigUnreadable ||
+		!strings.Contains(res.Message, "EnvironmentFile=/etc/eks/kubelet/environment does not exist") {
+		t.Fatalf("got %s/%s %q", res.Status, res.Reason, res.Message)
+	}
+}
+
+func TestConfigCheckInputsForExplain(t *testing.T) {
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: filepath.Join("testdata", "hosts", "al2-dropin-bad-effect"), ExpectedTaints: []string{ciliumTaint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := c.Check(context.Background())
+	want := []collectors.Input{
+		{Name: "kubelet command line", Source: "/etc/systemd/system/kubelet.service, /etc/systemd/system/kubelet.service.d/10-kubelet-args.conf, " +
+			"/etc/systemd/system/kubelet.service.d/30-kubelet-extra-args.conf",
+			Value: "18 arguments rebuilt from ExecStart= at /etc/systemd/system/kubelet.service:10 with systemd < 233 rules (Amazon Linux 2)"},
+		{Name: "--register-with-taints", Source: "/etc/systemd/system/kubelet.service.d/30-kubelet-extra-args.conf:2 Environment KUBELET_EXTRA_ARGS",
+			Value: "node.cilium.io/agent-not-ready=true:noExecute", Threshold: "key[=value]:Effect,... as the kubelet parses it (pkg/util/taints.ParseTaints)"},
+		{Name: "expected startup taints", Source: "agent configuration (owned taints)", Value: "[node.cilium.io/agent-not-ready]",
+			Threshold: "each registered (same key, and same effect when one is given)"},
+	}
+	if !reflect.DeepEqual(res.Inputs, want) {
+		t.Errorf("Inputs =\n%+v\nwant\n%+v", res.Inputs, want)
 	}
 }

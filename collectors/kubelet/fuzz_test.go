@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"bytes"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -112,5 +113,49 @@ func FuzzKubeletCmdline(f *testing.F) {
 		}
 		taints, problems := ParseRegisterWithTaints(flags.taints)
 		checkParsed(t, flags.taints, taints, problems)
+	})
+}
+
+// FuzzUnitParsers feeds arbitrary bytes to the systemd unit, environment-file and word
+// parsers: they must never panic, and on input without quotes or backslashes every word
+// splitter must agree with plain whitespace splitting.
+func FuzzUnitParsers(f *testing.F) {
+	for _, seed := range []string{
+		"[Service]\nEnvironment='KUBELET_EXTRA_ARGS=--register-with-taints=\"a:NoSchedule\"'\nExecStart=/usr/bin/kubelet \\\n  $KUBELET_EXTRA_ARGS ${X} $$Y\n",
+		"NODEADM_KUBELET_ARGS=--a=1 --b=\"2 3\"\n# c\nX='y' z\\\n w\n",
+		"A=\"unterminated\nB=\\",
+		"ONE='one' \"TWO='two two' too\" THREE=",
+		"a\\x4 \\0 \\777 \\",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		assigns := parseUnitFile("f", []byte(s))
+		env := map[string]envVar{}
+		for _, kv := range parseEnvFile([]byte(s)) {
+			if !validEnvName(kv.key) {
+				t.Fatalf("invalid key %q accepted", kv.key)
+			}
+			env[kv.key] = envVar{value: kv.value}
+		}
+		for _, a := range assigns {
+			words, _ := extractWords(a.value, true, true)
+			_ = expandArgv(words, env, origin{})
+			_, _ = splitLegacy(a.value)
+		}
+		if !strings.ContainsAny(s, "\"'\\") {
+			want := strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\r' })
+			if len(want) == 0 {
+				want = nil
+			}
+			got, err := extractWords(s, true, false)
+			if err != nil || !reflect.DeepEqual(got, want) {
+				t.Fatalf("extractWords(%q) = %q, %v; want %q", s, got, err, want)
+			}
+			legacy, err := splitLegacy(s)
+			if err != nil || !reflect.DeepEqual(legacy, want) {
+				t.Fatalf("splitLegacy(%q) = %q, %v; want %q", s, legacy, err, want)
+			}
+		}
 	})
 }

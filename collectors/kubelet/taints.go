@@ -2,6 +2,7 @@ package kubelet
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -56,6 +57,39 @@ type Problem struct {
 	Reason string
 	// Message says what is wrong and how to fix it.
 	Message string
+	// Effect is what the entry does to the kubelet; EffectNone for a missing taint.
+	Effect ProblemEffect
+}
+
+// ProblemEffect is what a malformed entry does to the node, so messages and verdicts can say
+// "the kubelet exits" apart from "the node never registers" and "the entry is dropped".
+type ProblemEffect int
+
+const (
+	// EffectNone: not a malformed entry (a missing expected taint).
+	EffectNone ProblemEffect = iota
+	// EffectKubeletExits: the kubelet refuses the flag or its configuration file and exits
+	// at once (systemd restarts it every RestartSec, forever).
+	EffectKubeletExits
+	// EffectRegistrationRejected: the kubelet starts, but the API server rejects the Node it
+	// registers (an empty effect, or a key and effect repeated), so the node never appears.
+	EffectRegistrationRejected
+	// EffectIgnored: the kubelet accepts the entry and silently drops it (kubectl's removal
+	// syntax "key-" or "key:Effect-").
+	EffectIgnored
+)
+
+// String names the consequence for messages.
+func (e ProblemEffect) String() string {
+	switch e {
+	case EffectKubeletExits:
+		return "the kubelet refuses it and exits at start"
+	case EffectRegistrationRejected:
+		return "the kubelet starts but the API server rejects the Node registration"
+	case EffectIgnored:
+		return "the kubelet silently ignores it"
+	}
+	return ""
 }
 
 // entryIssue is the first thing found wrong with one --register-with-taints entry. kind
@@ -77,20 +111,25 @@ const (
 	issueNoEffect
 	issueBadEffect
 	issueBadKey
-	issueEmptyValue
 	issueBadValue
 	issueDuplicate
 )
 
 // ParseRegisterWithTaints parses the value of the kubelet's --register-with-taints flag (a
-// comma-separated list of key[=value]:Effect) the way the kubelet does, but instead of
-// stopping at the first error it returns every entry the kubelet would accept and one
-// Problem per entry it would reject or ignore. The checks are stricter than "does it parse"
-// in the ways that bite on real nodes: literal quote characters left over from shell quoting
-// (`--kubelet-extra-args='--register-with-taints="k=v:NoExecute"'`), whitespace from several
-// flags passed as one argument, a trailing '-' (kubectl's removal syntax, which the kubelet
-// drops), `key=` without a value, and effects in the wrong case. When every entry can be
-// repaired mechanically, each message carries the full corrected flag.
+// comma-separated list of key[=value]:Effect) exactly as the kubelet does
+// (k8s.io/kubernetes pkg/util/flag RegisterWithTaintsVar.Set, which splits at ',' and calls
+// pkg/util/taints.ParseTaints), but instead of stopping at the first error it returns every
+// entry the kubelet would register and one Problem per entry it would reject or drop. The
+// accepted language is the kubelet's: a taint is accepted here if and only if the kubelet
+// accepts it (the differential fuzz test in internal/difffuzz proves it against the
+// upstream code). What is added is the wording: literal quote characters left over from
+// shell quoting (`--register-with-taints="k=v:NoExecute"` passed through ${VAR}),
+// whitespace from several flags passed as one argument, a trailing '-' (kubectl's removal
+// syntax, which the kubelet parses and drops), effects in the wrong case. When every entry
+// can be repaired mechanically, each message carries the full corrected flag.
+//
+// The kubelet rejects the whole flag when one entry is bad (it exits at start), so the
+// returned taints are only registered when no Problem has Effect EffectKubeletExits.
 //
 // It is pure (no I/O) so it can be fuzzed and reused by the one-shot check command.
 func ParseRegisterWithTaints(raw string) ([]Taint, []Problem) {
@@ -120,10 +159,15 @@ func ParseRegisterWithTaints(raw string) ([]Taint, []Problem) {
 		if !fixDone {
 			fix, fixDone = repairedFlag(entries), true
 		}
+		effect := EffectKubeletExits
+		if issue.kind == issueRemoval {
+			effect = EffectIgnored
+		}
 		problems = append(problems, Problem{
 			Entry:   entry,
 			Reason:  ReasonStartupTaintMalformed,
-			Message: flagProblemMessage(entry, issue, fix),
+			Message: flagProblemMessage(entry, issue, fix, effect),
+			Effect:  effect,
 		})
 	}
 	return taints, problems
@@ -131,23 +175,46 @@ func ParseRegisterWithTaints(raw string) ([]Taint, []Problem) {
 
 // parseEntry parses one flag entry strictly and reports the first issue found. The order of
 // the checks matters: the most fundamental mistake (quoting) is reported before the damage
-// it causes downstream (an effect of `NoExecute"`).
+// it causes downstream (an effect of `NoExecute"`). Quote characters and whitespace can
+// never be part of a valid key, value or effect, so reporting them first changes the
+// wording, never the verdict.
 func parseEntry(entry string) (Taint, entryIssue) {
 	switch {
 	case entry == "":
 		return Taint{}, entryIssue{kind: issueEmpty, detail: "is empty (a doubled or trailing comma)"}
 	case strings.ContainsAny(entry, "\"'`"):
-		return Taint{}, entryIssue{kind: issueQuotes, detail: "has stray quote characters"}
-	case strings.ContainsAny(entry, " \t\r\n"):
+		return Taint{}, entryIssue{kind: issueQuotes, detail: "has quote characters inside the value: " + seenAs(entry)}
+	case strings.ContainsAny(entry, " \t\r\n\v\f"):
 		return Taint{}, entryIssue{kind: issueWhitespace, detail: "contains whitespace (several arguments were passed to the kubelet as one)"}
 	case strings.HasSuffix(entry, "-"):
-		return Taint{}, entryIssue{kind: issueRemoval, detail: "ends with '-', kubectl's syntax for removing a taint, which the kubelet ignores"}
+		// ParseTaints treats "spec-" as a taint to remove: it must parse (effect optional),
+		// and is then dropped by the kubelet.
+		if _, issue := parseTaintSpec(strings.TrimSuffix(entry, "-"), false); issue.kind != issueNone {
+			return Taint{}, issue
+		}
+		return Taint{}, entryIssue{kind: issueRemoval, detail: "ends with '-', kubectl's syntax for removing a taint, which the kubelet parses and then ignores"}
 	}
 	return parseTaintSpec(entry, true)
 }
 
-// parseTaintSpec parses key[=value][:effect]. requireEffect is false for expectations, where
-// a bare key matches any effect.
+// seenAs describes how the kubelet splits a spec, to show where stray characters ended up.
+func seenAs(spec string) string {
+	kv, effect, hasEffect := strings.Cut(spec, ":")
+	key, value, hasValue := strings.Cut(kv, "=")
+	if !hasEffect {
+		return fmt.Sprintf("the kubelet sees the taint key %q", spec)
+	}
+	if hasValue {
+		return fmt.Sprintf("the kubelet sees the taint key %q, value %q and effect %q", key, value, effect)
+	}
+	return fmt.Sprintf("the kubelet sees the taint key %q and effect %q", key, effect)
+}
+
+// parseTaintSpec parses key[=value][:effect] with the rules of the kubelet's parseTaint:
+// without ':' the whole spec is the key (so "key=value" has an invalid key); with one ':'
+// the effect must be valid, the part before it is key[=value] and the value, when present,
+// a label value (empty is valid: "key=:NoSchedule"). requireEffect is false for removal
+// specs and expectations, where a bare key is allowed.
 func parseTaintSpec(spec string, requireEffect bool) (Taint, entryIssue) {
 	var t Taint
 	kv, effect, hasEffect := strings.Cut(spec, ":")
@@ -159,7 +226,7 @@ func parseTaintSpec(spec string, requireEffect bool) (Taint, entryIssue) {
 		return t, entryIssue{kind: issueSyntax, detail: "has more than one '='; the syntax is key[=value]:Effect"}
 	}
 	t = Taint{Key: key, Value: value, Effect: effect}
-	if !hasEffect && requireEffect {
+	if !hasEffect && (requireEffect || hasValue) {
 		return t, entryIssue{kind: issueNoEffect, detail: "has no effect"}
 	}
 	if hasEffect {
@@ -169,9 +236,6 @@ func parseTaintSpec(spec string, requireEffect bool) (Taint, entryIssue) {
 	}
 	if msg := qualifiedNameError(key); msg != "" {
 		return t, entryIssue{kind: issueBadKey, detail: fmt.Sprintf("has an invalid key %q: %s", key, msg)}
-	}
-	if hasValue && value == "" {
-		return t, entryIssue{kind: issueEmptyValue, detail: "has '=' but no value (an unset variable?)"}
 	}
 	if msg := labelValueError(value); msg != "" {
 		return t, entryIssue{kind: issueBadValue, detail: fmt.Sprintf("has an invalid value %q: %s", value, msg)}
@@ -263,8 +327,11 @@ func repairedFlag(entries []string) string {
 }
 
 // flagProblemMessage words one flag problem with its fix. fix is the full corrected flag or "".
-func flagProblemMessage(entry string, issue entryIssue, fix string) string {
+func flagProblemMessage(entry string, issue entryIssue, fix string, effect ProblemEffect) string {
 	prefix := fmt.Sprintf("--register-with-taints entry %q %s", entry, issue.detail)
+	if effect == EffectKubeletExits {
+		prefix += "; the kubelet rejects the whole flag and exits"
+	}
 	if fix != "" {
 		switch issue.kind {
 		case issueQuotes:
@@ -301,22 +368,52 @@ func suggestWithEffect(entry string) string {
 	return "--register-with-taints=" + e + ":" + effectNoSchedule
 }
 
-// validateTaint checks a structured taint (from the kubelet configuration file) with the
-// same rules as the flag, returning "" when it is valid.
-func validateTaint(t Taint) string {
-	if strings.ContainsAny(t.Key+t.Value+t.Effect, "\"'`") {
-		return "has stray quote characters"
+// ValidateConfigTaints checks the registerWithTaints entries of a kubelet configuration
+// file the way the kubelet and the API server do, returning one Problem per entry that is
+// refused (Problem.Entry is the entry's index, as a decimal string). The kubelet validates
+// its configuration at start (pkg/kubelet/apis/config/validation: key a qualified name, a
+// non-empty value a label value, a non-empty effect one of the three) and exits when that
+// fails; what passes is registered with the Node, which the API server validates again
+// (pkg/apis/core/validation validateNodeTaints: the effect is required, and key and effect
+// must be unique), rejecting the registration. Problem.Message is the bare explanation; the
+// caller adds the file and the fix.
+func ValidateConfigTaints(taints []Taint) []Problem {
+	var problems []Problem
+	seen := make(map[string]bool, len(taints))
+	for i, t := range taints {
+		detail, effect := configTaintIssue(t)
+		if effect == EffectNone {
+			id := t.Key + ":" + t.Effect
+			if seen[id] {
+				detail, effect = fmt.Sprintf("repeats key %q with effect %s", t.Key, t.Effect), EffectRegistrationRejected
+			}
+			seen[id] = true
+		}
+		if effect != EffectNone {
+			problems = append(problems, Problem{Entry: strconv.Itoa(i), Reason: ReasonStartupTaintMalformed, Message: detail, Effect: effect})
+		}
 	}
-	if issue := checkEffect(t.Effect); issue.kind != issueNone {
-		return issue.detail
-	}
+	return problems
+}
+
+// configTaintIssue returns why one structured taint is refused, and by whom.
+func configTaintIssue(t Taint) (string, ProblemEffect) {
 	if msg := qualifiedNameError(t.Key); msg != "" {
-		return fmt.Sprintf("has an invalid key %q: %s", t.Key, msg)
+		if strings.ContainsAny(t.Key, "\"'`") {
+			return fmt.Sprintf("has quote characters in its key %q", t.Key), EffectKubeletExits
+		}
+		return fmt.Sprintf("has an invalid key %q: %s", t.Key, msg), EffectKubeletExits
 	}
 	if msg := labelValueError(t.Value); msg != "" {
-		return fmt.Sprintf("has an invalid value %q: %s", t.Value, msg)
+		return fmt.Sprintf("has an invalid value %q: %s", t.Value, msg), EffectKubeletExits
 	}
-	return ""
+	if t.Effect == "" {
+		return "has no effect", EffectRegistrationRejected
+	}
+	if issue := checkEffect(t.Effect); issue.kind != issueNone {
+		return issue.detail, EffectKubeletExits
+	}
+	return "", EffectNone
 }
 
 // ParseExpectedTaint parses one expected startup taint as written in the agent's

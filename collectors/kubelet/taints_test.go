@@ -7,6 +7,7 @@ import (
 )
 
 func TestParseRegisterWithTaints(t *testing.T) {
+	const exits = "; the kubelet rejects the whole flag and exits"
 	tests := []struct {
 		name     string
 		raw      string
@@ -31,31 +32,34 @@ func TestParseRegisterWithTaints(t *testing.T) {
 		{
 			name: "classic double quotes from kubelet-extra-args",
 			raw:  `"node.cilium.io/agent-not-ready=true:NoExecute"`,
-			problems: []string{`--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; ` +
-				`pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
+			problems: []string{`--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has quote characters inside the value: ` +
+				`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoExecute\""` + exits +
+				`; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`},
 		},
 		{
 			name: "quotes around a list, fix keeps both entries",
 			raw:  `"a:NoSchedule,b=1:NoExecute"`,
 			problems: []string{
-				`entry "\"a:NoSchedule" has stray quote characters; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
-				`entry "b=1:NoExecute\"" has stray quote characters; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
+				`entry "\"a:NoSchedule" has quote characters inside the value: the kubelet sees the taint key "\"a" and effect "NoSchedule"` + exits +
+					`; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
+				`entry "b=1:NoExecute\"" has quote characters inside the value: the kubelet sees the taint key "b", value "1" and effect "NoExecute\""` + exits +
+					`; pass --register-with-taints=a:NoSchedule,b=1:NoExecute without inner quotes`,
 			},
 		},
 		{
 			name:     "single quotes",
 			raw:      `'a:NoSchedule'`,
-			problems: []string{`has stray quote characters; pass --register-with-taints=a:NoSchedule without inner quotes`},
+			problems: []string{`the kubelet sees the taint key "'a" and effect "NoSchedule'"` + exits + `; pass --register-with-taints=a:NoSchedule without inner quotes`},
 		},
 		{
-			name:     "equals without value",
-			raw:      "a=:NoSchedule",
-			problems: []string{`entry "a=:NoSchedule" has '=' but no value (an unset variable?); pass --register-with-taints=a:NoSchedule`},
+			name: "equals without value is valid, as for the kubelet",
+			raw:  "a=:NoSchedule",
+			want: []Taint{{Key: "a", Effect: "NoSchedule"}},
 		},
 		{
 			name:     "missing effect",
 			raw:      "a=b",
-			problems: []string{`entry "a=b" has no effect; every registered taint needs key[=value]:Effect with Effect one of NoSchedule, PreferNoSchedule, NoExecute, e.g. --register-with-taints=a=b:NoSchedule`},
+			problems: []string{`entry "a=b" has no effect` + exits + `; every registered taint needs key[=value]:Effect with Effect one of NoSchedule, PreferNoSchedule, NoExecute, e.g. --register-with-taints=a=b:NoSchedule`},
 		},
 		{
 			name:     "empty effect",
@@ -65,12 +69,12 @@ func TestParseRegisterWithTaints(t *testing.T) {
 		{
 			name:     "wrong-case effect is repaired",
 			raw:      "a:noexecute",
-			problems: []string{`has effect "noexecute", but effects are case-sensitive (NoExecute); pass --register-with-taints=a:NoExecute`},
+			problems: []string{`has effect "noexecute", but effects are case-sensitive (NoExecute)` + exits + `; pass --register-with-taints=a:NoExecute`},
 		},
 		{
 			name:     "unknown effect",
 			raw:      "a:Evict",
-			problems: []string{`has effect "Evict", which is not one of NoSchedule, PreferNoSchedule, NoExecute; use one of`},
+			problems: []string{`has effect "Evict", which is not one of NoSchedule, PreferNoSchedule, NoExecute` + exits + `; use one of`},
 		},
 		{
 			name:     "bad key prefix upper case",
@@ -110,13 +114,13 @@ func TestParseRegisterWithTaints(t *testing.T) {
 		{
 			name:     "removal syntax",
 			raw:      "a:NoSchedule-",
-			problems: []string{"ends with '-', kubectl's syntax for removing a taint, which the kubelet ignores; pass --register-with-taints=a:NoSchedule"},
+			problems: []string{"ends with '-', kubectl's syntax for removing a taint, which the kubelet parses and then ignores; pass --register-with-taints=a:NoSchedule"},
 		},
 		{
 			name:     "trailing comma",
 			raw:      "a:NoSchedule,",
 			want:     []Taint{{Key: "a", Effect: "NoSchedule"}},
-			problems: []string{`entry "" is empty (a doubled or trailing comma); pass --register-with-taints=a:NoSchedule`},
+			problems: []string{`entry "" is empty (a doubled or trailing comma)` + exits + `; pass --register-with-taints=a:NoSchedule`},
 		},
 		{
 			name:     "whitespace from two flags in one argument",
@@ -165,7 +169,9 @@ func TestParseRegisterWithTaints(t *testing.T) {
 func TestParseRegisterWithTaintsExactMessage(t *testing.T) {
 	// The message of the classic mistake is part of the product: keep it byte-exact.
 	_, problems := ParseRegisterWithTaints(`"node.cilium.io/agent-not-ready=true:NoExecute"`)
-	want := `--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has stray quote characters; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`
+	want := `--register-with-taints entry "\"node.cilium.io/agent-not-ready=true:NoExecute\"" has quote characters inside the value: ` +
+		`the kubelet sees the taint key "\"node.cilium.io/agent-not-ready", value "true" and effect "NoExecute\""; ` +
+		`the kubelet rejects the whole flag and exits; pass --register-with-taints=node.cilium.io/agent-not-ready=true:NoExecute without inner quotes`
 	if len(problems) != 1 || problems[0].Message != want {
 		t.Fatalf("problems = %+v\nwant one with message\n%s", problems, want)
 	}
@@ -241,5 +247,59 @@ func TestTaintString(t *testing.T) {
 		if got := tt.t.String(); got != tt.want {
 			t.Errorf("%+v.String() = %q, want %q", tt.t, got, tt.want)
 		}
+	}
+}
+
+// TestParseRegisterWithTaintsEffects pins what each kind of entry does to the kubelet, per
+// k8s.io/kubernetes pkg/util/taints.ParseTaints as called by the --register-with-taints flag.
+func TestParseRegisterWithTaintsEffects(t *testing.T) {
+	tests := []struct {
+		raw     string
+		taints  int
+		effects []ProblemEffect
+	}{
+		{raw: "a=:NoSchedule", taints: 1},
+		{raw: "a:NoSchedule,a:NoExecute,a=x:PreferNoSchedule", taints: 3},
+		{raw: "a-", effects: []ProblemEffect{EffectIgnored}},
+		{raw: "a:NoExecute-", effects: []ProblemEffect{EffectIgnored}},
+		{raw: "a=v:NoExecute-", effects: []ProblemEffect{EffectIgnored}},
+		{raw: "-", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a=v-", effects: []ProblemEffect{EffectKubeletExits}}, // no ':': the key is "a=v"
+		{raw: "a:-", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a=v", effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a:NoSchedule,a=v:NoSchedule", taints: 1, effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "a:NoSchedule,", taints: 1, effects: []ProblemEffect{EffectKubeletExits}},
+		{raw: "A/b:NoSchedule", effects: []ProblemEffect{EffectKubeletExits}},
+	}
+	for _, tt := range tests {
+		taints, problems := ParseRegisterWithTaints(tt.raw)
+		var got []ProblemEffect
+		for _, p := range problems {
+			got = append(got, p.Effect)
+		}
+		if len(taints) != tt.taints || !reflect.DeepEqual(got, tt.effects) {
+			t.Errorf("%q: %d taints, effects %v; want %d, %v", tt.raw, len(taints), got, tt.taints, tt.effects)
+		}
+	}
+}
+
+func TestValidateConfigTaints(t *testing.T) {
+	problems := ValidateConfigTaints([]Taint{
+		{Key: "a", Effect: "NoSchedule"},
+		{Key: "a", Value: "x", Effect: "NoSchedule"}, // duplicate key and effect
+		{Key: "b"},                         // no effect
+		{Key: "c", Effect: "noSchedule"},   // bad effect
+		{Key: `"d"`, Effect: "NoSchedule"}, // quotes in the key
+		{Key: "e", Value: "-x", Effect: "NoSchedule"},
+		{Key: "f", Value: "", Effect: "NoExecute"},
+	})
+	want := map[string]ProblemEffect{"1": EffectRegistrationRejected, "2": EffectRegistrationRejected, "3": EffectKubeletExits, "4": EffectKubeletExits, "5": EffectKubeletExits}
+	got := map[string]ProblemEffect{}
+	for _, p := range problems {
+		got[p.Entry] = p.Effect
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("problems %+v\nwant effects %v", problems, want)
 	}
 }

@@ -122,6 +122,7 @@ type fakeSystemd struct {
 	withNRestarts bool
 	nrestarts     uint32
 	pid           uint32
+	subscribed    int
 }
 
 func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
@@ -220,7 +221,30 @@ func waitSeen(t testing.TB, seen func() int, want int) {
 	}
 }
 
-func (f *fakeSystemd) subscribe() *godbus.Error { return nil }
+func (f *fakeSystemd) subscribe() *godbus.Error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subscribed++
+	return nil
+}
+
+// waitSubscribed polls until a client has subscribed to the fake's signals.
+func (f *fakeSystemd) waitSubscribed(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := f.subscribed
+		f.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the collector never subscribed to systemd's signals")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
 
 func (f *fakeSystemd) getUnit(name string) (godbus.ObjectPath, *godbus.Error) {
 	if name != "kubelet.service" {
@@ -529,6 +553,7 @@ func TestDBusSignalsBetweenChecks(t *testing.T) {
 			c, seen := countingCollector(t, Config{DBusAddress: addr, HealthzURL: hz.URL, Now: clock.Now, Timeout: 5 * time.Second})
 
 			res := c.Check(context.Background()) // connects and subscribes
+			sd.waitSubscribed(t)
 			if res.Reason != ReasonKubeletHealthy || !res.Disrupted.IsZero() {
 				t.Fatalf("first check: %s %q disrupted %v", res.Reason, res.Message, res.Disrupted)
 			}

@@ -271,10 +271,10 @@ type systemdUnit struct {
 // signalReadTimeout bounds the property read that follows a change signal.
 const signalReadTimeout = 2 * time.Second
 
-// watch subscribes conn to systemd's signals (once per connection) and follows the unit's
-// PropertiesChanged signals until the connection closes or the bus is closed. go-systemd
-// forwards the Unit interface's changes (ActiveState, SubState, timestamps) on every state
-// transition; the watcher then reads the Service properties too (Result, NRestarts, MainPID).
+// watch follows the unit's PropertiesChanged signals (Unit and Service interfaces) on a
+// connection of its own, once per call connection, until that connection or the bus is
+// closed. It runs in the background so a check never waits for it. It does not use
+// go-systemd's subscriber, whose dispatcher reads the subscriber fields without a lock.
 func (s *systemdUnit) watch(conn *sddbus.Conn) {
 	if s.onChange == nil {
 		return
@@ -284,41 +284,64 @@ func (s *systemdUnit) watch(conn *sddbus.Conn) {
 	if s.watching == conn {
 		return
 	}
-	if err := conn.Subscribe(); err != nil {
+	s.watching = conn
+	go s.follow(conn)
+}
+
+func (s *systemdUnit) follow(conn *sddbus.Conn) {
+	raw, err := godbus.Dial(s.bus.addr, godbus.WithContext(s.bus.lifetime))
+	if err == nil {
+		err = raw.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))})
+		if err == nil {
+			err = raw.Hello()
+		}
+		if err != nil {
+			raw.Close()
+		}
+	}
+	if err != nil {
 		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", err)
 		return
 	}
-	s.watching = conn
-	// Buffered so go-systemd's non-blocking send does not drop (and log) a burst of changes.
-	updates := make(chan *sddbus.PropertiesUpdate, 64)
-	errs := make(chan error, 1)
-	conn.SetPropertiesSubscriber(updates, errs)
-	go func() {
-		alive := time.NewTicker(30 * time.Second)
-		defer alive.Stop()
-		for {
-			select {
-			case <-s.bus.lifetime.Done():
+	defer raw.Close()
+	path := godbus.ObjectPath("/org/freedesktop/systemd1/unit/" + sddbus.PathBusEscape(s.unit))
+	if err := raw.AddMatchSignal(godbus.WithMatchObjectPath(path), godbus.WithMatchInterface("org.freedesktop.DBus.Properties"),
+		godbus.WithMatchMember("PropertiesChanged")); err != nil {
+		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", err)
+		return
+	}
+	// systemd emits unit signals only while some client is subscribed.
+	if call := raw.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").Call("org.freedesktop.systemd1.Manager.Subscribe", 0); call.Err != nil {
+		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", call.Err)
+		return
+	}
+	signals := make(chan *godbus.Signal, 64)
+	raw.Signal(signals)
+	alive := time.NewTicker(30 * time.Second)
+	defer alive.Stop()
+	for {
+		select {
+		case <-s.bus.lifetime.Done():
+			return
+		case <-alive.C:
+			if !conn.Connected() || !raw.Connected() {
 				return
-			case <-alive.C:
-				if !conn.Connected() {
-					return
-				}
-			case <-errs:
-				// A full update channel: the next read below catches up with the state.
-			case u := <-updates:
-				if u.UnitName != s.unit {
-					continue
-				}
-				ctx, cancel := context.WithTimeout(s.bus.lifetime, signalReadTimeout)
-				st, err := s.readWith(ctx, conn)
-				cancel()
-				if err == nil {
-					s.onChange(st)
-				}
+			}
+		case sig, ok := <-signals:
+			if !ok {
+				return
+			}
+			if sig.Path != path {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(s.bus.lifetime, signalReadTimeout)
+			st, err := s.readWith(ctx, conn)
+			cancel()
+			if err == nil {
+				s.onChange(st)
 			}
 		}
-	}()
+	}
 }
 
 // readUnit fetches the Unit and Service properties of the unit (two GetAll calls), and

@@ -95,7 +95,7 @@ func startSystemdBus(t *testing.T, hostRoot string) *standInSystemd {
 	record := func(name string) { s.mu.Lock(); s.calls = append(s.calls, name); s.mu.Unlock() }
 	err = conn.ExportMethodTable(map[string]any{
 		"Subscribe": func() *godbus.Error { return nil },
-		"GetUnit": func(string) (godbus.ObjectPath, *godbus.Error) { return unitPath, nil },
+		"GetUnit":   func(string) (godbus.ObjectPath, *godbus.Error) { return unitPath, nil },
 		"RestartUnit": func(name, mode string) (godbus.ObjectPath, *godbus.Error) {
 			record("RestartUnit " + name)
 			return "/org/freedesktop/systemd1/job/1", nil

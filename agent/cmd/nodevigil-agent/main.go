@@ -73,7 +73,7 @@ func main() {
 
 // maxProcs caps GOMAXPROCS while the agent runs. Its work is a few I/O-bound checks, a Lease
 // renewal and a metrics scrape every 10 s (well under 1 mCPU), but the Go runtime sizes itself
-// to the node: the DaemonSet sets no CPU limit, so GOMAXPROCS would be the node's core count,
+// to the node: without a CPU limit (the chart sets 20m, but other installs may not) GOMAXPROCS would be the node's core count,
 // and every P costs memory (per-P allocation caches, GC workers, threads). Measured with
 // integration/bench/agentsteady, 16 Ps cost 1.2 MiB more RSS than 2 for no gain.
 const maxProcs = 2

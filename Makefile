@@ -2,7 +2,13 @@
 
 GO          ?= go
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS     := -s -w -X main.version=$(VERSION)
+COMMIT      ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS     := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# make images writes one OCI image layout per image here; make chart the packaged chart.
+IMAGES_DIR  ?= _output/images
+CHART_DIR   ?= _output/chart
+# SemVer version of the packaged chart (default: Chart.yaml's); its appVersion is VERSION.
+CHART_VERSION ?=
 BIN         := bin
 # The linter is pinned and run through the Go toolchain: nothing is downloaded but modules.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -85,6 +91,18 @@ manifests: ## Render manifests/install.yaml from the Helm chart.
 verify-manifests: ## Fail when manifests/install.yaml is stale.
 	bash manifests/verify.sh
 
+.PHONY: images
+images: ## Build the agent and remediator images (linux/amd64+arm64, no docker) as OCI layouts in _output/images.
+	$(GO) run ./build/images --version $(VERSION) --commit $(COMMIT) --output $(IMAGES_DIR)
+
+.PHONY: test-images
+test-images: ## Build both images twice and test them (platforms, user, labels, digest, push/pull, --version).
+	$(GO) test -race -count=1 $(GOTESTFLAGS) ./integration/images/
+
+.PHONY: chart
+chart: ## Package the Helm chart into _output/chart with appVersion=VERSION.
+	bash manifests/package.sh $(VERSION) "$(CHART_VERSION)" $(CHART_DIR)
+
 .PHONY: clean
 clean: ## Remove build output (not the control-plane cache in ~/.cache/nodevigil).
-	rm -rf $(BIN) bench.out
+	rm -rf $(BIN) bench.out _output

@@ -13,7 +13,7 @@ set -euo pipefail
 HELM_VERSION=v3.19.0
 RELEASE=nodevigil
 NAMESPACE=nodevigil-system
-KUBE_VERSION=1.30.0
+KUBE_VERSION=1.31.0
 
 dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 chart="$dir/charts/nodevigil"
@@ -46,7 +46,27 @@ render() {
 HEADER
 	# --kube-version: the chart's minimum (its kubeVersion); helm built without release ldflags
 	# would otherwise assume Kubernetes 1.20 and refuse the chart.
-	helm template "$RELEASE" "$chart" --namespace "$NAMESPACE" --kube-version "$KUBE_VERSION" --set createNamespace=true
+	helm template "$RELEASE" "$chart" --namespace "$NAMESPACE" --kube-version "$KUBE_VERSION" --set createNamespace=true |
+		admission_first
+}
+
+# admission_first moves the Namespace and then the ValidatingAdmissionPolicies and their
+# bindings to the front. Helm orders the kinds it knows (ServiceAccounts, RBAC, ..., DaemonSet)
+# and puts the rest, admission policies included, last; `kubectl apply -f` keeps file order, so
+# without this the agent DaemonSet would exist before the policies that confine it.
+admission_first() {
+	awk '
+		function flush() {
+			if (doc == "") return
+			if (doc ~ /\nkind: Namespace\n/) ns = ns doc
+			else if (doc ~ /\nkind: ValidatingAdmissionPolicy(Binding)?\n/) pol = pol doc
+			else rest = rest doc
+			doc = ""
+		}
+		/^---$/ { flush() }
+		{ doc = doc $0 "\n" }
+		END { flush(); printf "%s%s%s", ns, pol, rest }
+	'
 }
 
 if [[ "$out" == "-" ]]; then

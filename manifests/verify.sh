@@ -20,9 +20,9 @@ fi
 # Lint with the pinned helm (render.sh built it already, so this is quick).
 HELM_VERSION=v3.19.0
 if [[ -n "${HELM:-}" ]]; then
-	"$HELM" lint --strict --kube-version 1.30.0 "$dir/charts/nodevigil" >"$tmp/lint" 2>&1 || { cat "$tmp/lint" >&2; exit 1; }
+	"$HELM" lint --strict --kube-version 1.31.0 "$dir/charts/nodevigil" >"$tmp/lint" 2>&1 || { cat "$tmp/lint" >&2; exit 1; }
 else
-	(cd "${TMPDIR:-/tmp}" && go run "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" lint --strict --kube-version 1.30.0 "$dir/charts/nodevigil") >"$tmp/lint" 2>&1 || {
+	(cd "${TMPDIR:-/tmp}" && go run "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" lint --strict --kube-version 1.31.0 "$dir/charts/nodevigil") >"$tmp/lint" 2>&1 || {
 		echo "helm lint --strict failed for manifests/charts/nodevigil:" >&2
 		cat "$tmp/lint" >&2
 		exit 1

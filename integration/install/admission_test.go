@@ -189,6 +189,79 @@ func TestAgentConfinedToOwnNode(t *testing.T) {
 		wantDenied(t, "removing the owned taint from another node", err, nodePolicy, "may write only its own Node")
 	})
 
+	t.Run("owned taint only NoSchedule without value", func(t *testing.T) {
+		if err := setTaints(ctx, agent, nodeA.Name, withoutKey(ownedTaint)); err != nil {
+			t.Fatalf("agent removing its owned taint: %v", err)
+		}
+		for _, bad := range []corev1.Taint{
+			{Key: ownedTaint, Effect: corev1.TaintEffectNoExecute},
+			{Key: ownedTaint, Effect: corev1.TaintEffectPreferNoSchedule},
+			{Key: ownedTaint, Value: "x", Effect: corev1.TaintEffectNoSchedule},
+		} {
+			add := func(ts []corev1.Taint) []corev1.Taint { return append(slices.Clone(ts), bad) }
+			err := setTaints(ctx, agent, nodeA.Name, add)
+			wantDenied(t, "adding "+bad.ToString(), err, nodePolicy, "may add its owned taints only as <key>:NoSchedule without a value, not "+ownedTaint+"="+bad.Value+":"+string(bad.Effect))
+		}
+		n, err := admin.CoreV1().Nodes().Get(ctx, nodeA.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == ownedTaint }) {
+			t.Fatalf("a denied taint reached node %s: %+v", nodeA.Name, n.Spec.Taints)
+		}
+		readd := func(ts []corev1.Taint) []corev1.Taint { return append(slices.Clone(ts), owned) }
+		if err := setTaints(ctx, agent, nodeA.Name, readd); err != nil {
+			t.Errorf("agent re-adding %s: %v", owned.ToString(), err)
+		}
+	})
+
+	t.Run("status fields other than conditions denied", func(t *testing.T) {
+		for name, body := range map[string]string{
+			"capacity":        `{"status":{"capacity":{"example.com/gpu":"8"}}}`,
+			"allocatable":     `{"status":{"allocatable":{"cpu":"64"}}}`,
+			"runtimeHandlers": `{"status":{"runtimeHandlers":[{"name":"evil","features":{"recursiveReadOnlyMounts":true}}]}}`,
+			"features":        `{"status":{"features":{"supplementalGroupsPolicy":true}}}`,
+			"nodeInfo":        `{"status":{"nodeInfo":{"kubeletVersion":"v9.9.9"}}}`,
+		} {
+			_, err := agent.CoreV1().Nodes().Patch(ctx, nodeA.Name, types.MergePatchType, []byte(body), metav1.PatchOptions{}, "status")
+			wantDenied(t, "status."+name, err, nodePolicy, "may change only its own condition types and owned taints")
+		}
+	})
+
+	t.Run("events", func(t *testing.T) {
+		events := agent.CoreV1().Events(metav1.NamespaceDefault)
+		event := func(kind, name, component string) *corev1.Event {
+			return &corev1.Event{
+				ObjectMeta:     metav1.ObjectMeta{Name: uniq("ev"), Namespace: metav1.NamespaceDefault},
+				InvolvedObject: corev1.ObjectReference{Kind: kind, Name: name, APIVersion: "v1"},
+				Reason:         "InstallTest", Message: "written by the install test", Type: corev1.EventTypeNormal,
+				Source:              corev1.EventSource{Component: component, Host: nodeA.Name},
+				ReportingController: component, ReportingInstance: nodeA.Name,
+			}
+		}
+		own, err := events.Create(ctx, event("Node", nodeA.Name, "nodevigil-agent"), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("agent recording an Event about its own node: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = admin.CoreV1().Events(metav1.NamespaceDefault).Delete(context.Background(), own.Name, metav1.DeleteOptions{})
+		})
+		// Bumping the count (what the recorder does for a repeated Event) is allowed too.
+		if _, err := events.Patch(ctx, own.Name, types.MergePatchType, []byte(`{"count":2}`), metav1.PatchOptions{}); err != nil {
+			t.Errorf("agent bumping its own Event: %v", err)
+		}
+		_, err = events.Create(ctx, event("Node", nodeB.Name, "nodevigil-agent"), metav1.CreateOptions{})
+		wantDenied(t, "Event about another node", err, eventPolicy, "may record Events only about its own Node, not about Node "+nodeB.Name)
+		_, err = events.Create(ctx, event("Pod", "victim", "nodevigil-agent"), metav1.CreateOptions{})
+		wantDenied(t, "Event about a Pod", err, eventPolicy, "may record Events only about its own Node")
+		_, err = events.Create(ctx, event("Node", nodeA.Name, "nodevigil-remediator"), metav1.CreateOptions{})
+		wantDenied(t, "Event as the remediator", err, eventPolicy, "may record Events only as nodevigil-agent")
+		spoof := event("Node", nodeA.Name, "nodevigil-agent")
+		spoof.ReportingController = "nodevigil-remediator"
+		_, err = events.Create(ctx, spoof, metav1.CreateOptions{})
+		wantDenied(t, "Event reported as the remediator", err, eventPolicy, "may record Events only as nodevigil-agent")
+	})
+
 	t.Run("other fields denied", func(t *testing.T) {
 		for name, body := range map[string]string{
 			"label":         `{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
@@ -225,9 +298,20 @@ func TestAgentConfinedToOwnNode(t *testing.T) {
 		})
 		now := metav1.NewMicroTime(time.Now())
 		created.Spec.RenewTime = &now
-		if _, err := leases.Update(ctx, created, metav1.UpdateOptions{}); err != nil {
-			t.Errorf("agent renewing its own Lease: %v", err)
+		if created, err = leases.Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("agent renewing its own Lease: %v", err)
 		}
+
+		// The owner must be the Node with its real UID (from the pod-bound token), on create
+		// and whenever the references change.
+		wrongUID := created.DeepCopy()
+		wrongUID.OwnerReferences[0].UID = "00000000-0000-0000-0000-000000000000"
+		_, err = leases.Update(ctx, wrongUID, metav1.UpdateOptions{})
+		wantDenied(t, "Lease owner with a wrong UID", err, leasePolicy, "may be owned only by its own Node "+nodeA.Name+" (uid "+string(nodeA.UID)+")")
+		otherOwner := created.DeepCopy()
+		otherOwner.OwnerReferences[0].Name, otherOwner.OwnerReferences[0].UID = nodeB.Name, nodeB.UID
+		_, err = leases.Update(ctx, otherOwner, metav1.UpdateOptions{})
+		wantDenied(t, "Lease owned by another node", err, leasePolicy, "may be owned only by its own Node "+nodeA.Name)
 
 		other := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: nodeB.Name, Namespace: namespace}}
 		_, err = leases.Create(ctx, other, metav1.CreateOptions{})
@@ -249,7 +333,7 @@ func TestAdmissionPoliciesTypeCheck(t *testing.T) {
 	ensureInstalled(t)
 	ctx := t.Context()
 	admin := adminClient(t)
-	for _, name := range []string{nodePolicy, leasePolicy} {
+	for _, name := range []string{nodePolicy, leasePolicy, eventPolicy} {
 		var p *admissionv1.ValidatingAdmissionPolicy
 		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 			got, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})

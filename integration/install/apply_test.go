@@ -73,7 +73,7 @@ func TestInstallManifestAppliesTwice(t *testing.T) {
 	for kind, min := range map[string]int{
 		"Namespace": 1, "ServiceAccount": 2, "ConfigMap": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
 		"Role": 4, "RoleBinding": 4, "DaemonSet": 1, "Deployment": 1, "PodDisruptionBudget": 1,
-		"ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
+		"ValidatingAdmissionPolicy": 3, "ValidatingAdmissionPolicyBinding": 3,
 	} {
 		if kinds[kind] < min {
 			t.Errorf("install.yaml has %d %s objects, want at least %d", kinds[kind], kind, min)

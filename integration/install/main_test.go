@@ -47,6 +47,7 @@ const (
 	remediatorSA    = "nodevigil-remediator"
 	nodePolicy      = "nodevigil-agent-own-node"
 	leasePolicy     = "nodevigil-agent-own-lease"
+	eventPolicy     = "nodevigil-agent-own-events"
 	ownedTaint      = "readiness.k8s.io/nodevigil-agent-not-ready"
 	fieldManager    = "nodevigil-install-test"
 	manifestRelPath = "../../manifests/install.yaml"

@@ -71,6 +71,12 @@ func TestAgentDaemonSetShape(t *testing.T) {
 	}) {
 		t.Errorf("agent does not tolerate every taint (want operator Exists without key and effect): %+v", spec.Tolerations)
 	}
+	if spec.NodeSelector["kubernetes.io/os"] != "linux" {
+		t.Errorf("nodeSelector = %v, want kubernetes.io/os=linux", spec.NodeSelector)
+	}
+	if !skipsFargate(spec.Affinity) {
+		t.Errorf("affinity = %+v, want a required node affinity eks.amazonaws.com/compute-type NotIn [fargate]", spec.Affinity)
+	}
 	if spec.PriorityClassName != "system-node-critical" {
 		t.Errorf("priorityClassName = %q, want system-node-critical", spec.PriorityClassName)
 	}
@@ -225,10 +231,31 @@ func TestRemediatorShape(t *testing.T) {
 		t.Errorf("topology spread keys = %v, want zone and hostname", keys)
 	}
 
+	if spec.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("priorityClassName = %q, want system-cluster-critical", spec.PriorityClassName)
+	}
+	for _, key := range []string{"node.kubernetes.io/memory-pressure", "node.kubernetes.io/disk-pressure", "node.kubernetes.io/pid-pressure", "nodevigil.io/remediating"} {
+		if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+			return tol.Key == key && tol.Operator == corev1.TolerationOpExists && tol.Effect == corev1.TaintEffectNoSchedule
+		}) {
+			t.Errorf("remediator does not tolerate %s:NoSchedule: %+v", key, spec.Tolerations)
+		}
+	}
+	if spec.NodeSelector["kubernetes.io/os"] != "linux" {
+		t.Errorf("nodeSelector = %v, want kubernetes.io/os=linux", spec.NodeSelector)
+	}
+	if got := envValue(c.Env, "GOMEMLIMIT"); got != "483183820" { // 90 % of 512Mi
+		t.Errorf("GOMEMLIMIT = %q, want 483183820 (90 %% of the 512Mi limit)", got)
+	}
+
 	var pdb policyv1.PodDisruptionBudget
 	find(t, objs, "PodDisruptionBudget", "nodevigil-remediator", &pdb)
-	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 {
-		t.Errorf("PDB minAvailable = %v, want 1", pdb.Spec.MinAvailable)
+	// minAvailable 1 would block the drain of the node of the only ready replica.
+	if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PDB minAvailable = %v maxUnavailable = %v, want only maxUnavailable 1", pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
+	}
+	if p := pdb.Spec.UnhealthyPodEvictionPolicy; p == nil || *p != policyv1.AlwaysAllow {
+		t.Errorf("PDB unhealthyPodEvictionPolicy = %v, want AlwaysAllow", p)
 	}
 	for k, v := range pdb.Spec.Selector.MatchLabels {
 		if d.Spec.Template.Labels[k] != v {
@@ -285,5 +312,57 @@ func TestRBACHasNoWildcardsOrSecrets(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no RBAC rules found in install.yaml")
+	}
+}
+
+func envValue(env []corev1.EnvVar, name string) string {
+	for _, e := range env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// skipsFargate reports whether aff requires eks.amazonaws.com/compute-type NotIn [fargate] in
+// every node selector term.
+func skipsFargate(aff *corev1.Affinity) bool {
+	if aff == nil || aff.NodeAffinity == nil || aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return false
+	}
+	terms := aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) == 0 {
+		return false
+	}
+	for _, term := range terms {
+		if !slices.ContainsFunc(term.MatchExpressions, func(r corev1.NodeSelectorRequirement) bool {
+			return r.Key == "eks.amazonaws.com/compute-type" && r.Operator == corev1.NodeSelectorOpNotIn && slices.Equal(r.Values, []string{"fargate"})
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestAdmissionPoliciesComeFirst checks install.yaml's order: `kubectl apply -f` creates objects
+// in file order, and the agent must never run before the policies that confine it exist.
+func TestAdmissionPoliciesComeFirst(t *testing.T) {
+	objs := manifestObjects(t)
+	lastPolicy, firstWorkload, policies := -1, len(objs), 0
+	for i, o := range objs {
+		switch o.GetKind() {
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			lastPolicy = i
+			policies++
+		case "DaemonSet", "Deployment", "ServiceAccount", "ClusterRoleBinding", "RoleBinding":
+			firstWorkload = min(firstWorkload, i)
+		}
+	}
+	if policies == 0 {
+		t.Fatal("install.yaml has no admission policies")
+	}
+	if lastPolicy > firstWorkload {
+		t.Errorf("install.yaml applies %s (document %d) before the last admission policy (document %d); render.sh must put the policies first",
+			describe(objs[firstWorkload]), firstWorkload+1, lastPolicy+1)
 	}
 }

@@ -97,8 +97,6 @@ func TestAgentRBAC(t *testing.T) {
 	ensureInstalled(t)
 	want := []access{
 		{verb: "get", resource: "nodes", name: "any", allowed: true},
-		{verb: "list", resource: "nodes", allowed: true},
-		{verb: "watch", resource: "nodes", allowed: true},
 		{verb: "patch", resource: "nodes", allowed: true},
 		{verb: "patch", resource: "nodes", subresource: "status", allowed: true},
 		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: namespace, allowed: true},
@@ -107,8 +105,14 @@ func TestAgentRBAC(t *testing.T) {
 		{verb: "create", resource: "events", namespace: "default", allowed: true},
 		{verb: "patch", resource: "events", namespace: "default", allowed: true},
 
+		// The agent reads its Node by name and never lists or watches, nor sends whole objects.
+		{verb: "list", resource: "nodes"},
+		{verb: "watch", resource: "nodes"},
+		{verb: "update", resource: "nodes", name: "any"},
+		{verb: "get", resource: "nodes", subresource: "status", name: "any"},
 		{verb: "delete", resource: "nodes", name: "any"},
 		{verb: "create", resource: "nodes"},
+		{verb: "create", group: "events.k8s.io", resource: "events", namespace: "default"},
 		{verb: "update", resource: "nodes", subresource: "status"},
 		{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: namespace},
 		{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: namespace},
@@ -132,16 +136,23 @@ func TestRemediatorRBAC(t *testing.T) {
 		{verb: "patch", resource: "nodes", name: "any", allowed: true},
 		{verb: "delete", resource: "nodes", name: "any", allowed: true},
 		{verb: "list", resource: "pods", allowed: true},
-		{verb: "get", resource: "pods", namespace: "kube-system", name: "any", allowed: true},
 		{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", allowed: true},
 		{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", allowed: true},
 		{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: namespace, allowed: true},
 		{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: namespace, allowed: true},
 		{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: namespace, allowed: true},
 		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "nodevigil-remediator", allowed: true},
+		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "nodevigil-remediator", allowed: true},
 		{verb: "create", resource: "events", namespace: "default", allowed: true},
 		{verb: "patch", resource: "events", namespace: "default", allowed: true},
 
+		// Verbs the remediator never calls: its informers answer every read of Nodes, Pods
+		// and Leases, and it patches rather than updates.
+		{verb: "get", resource: "nodes", name: "any"},
+		{verb: "update", resource: "nodes", name: "any"},
+		{verb: "get", resource: "pods", namespace: "kube-system", name: "any"},
+		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "some-node"},
+		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "some-node"},
 		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "some-node"},
 		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "some-node"},
 		{verb: "delete", group: "coordination.k8s.io", resource: "leases", namespace: namespace},

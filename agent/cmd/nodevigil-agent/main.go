@@ -18,7 +18,8 @@
 //	1  at least one check is Unhealthy (or Unknown with --strict), or the agent failed.
 //	2  usage or configuration error.
 //
-// The version is set at build time: -ldflags "-X main.version=v1.2.3".
+// The version is set at build time: -ldflags "-X main.version=v1.2.3 -X main.commit=<sha>".
+// `version` and `--version` print it with the commit and the Go version.
 package main
 
 import (
@@ -32,6 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -47,10 +49,32 @@ import (
 	"github.com/nodevigil/nodevigil/collectors/cni"
 	"github.com/nodevigil/nodevigil/collectors/kubelet"
 	"github.com/nodevigil/nodevigil/collectors/memory"
+
+	// Mozilla's CA roots, used only when the system has none (the scratch image has none).
+	_ "golang.org/x/crypto/x509roots/fallback"
 )
 
-// version is overridden at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are overridden at build time with -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = ""
+)
+
+// versionLine is what `version` and `--version` print: version, commit and Go version.
+func versionLine() string {
+	c := commit
+	if bi, ok := debug.ReadBuildInfo(); ok && c == "" {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				c = s.Value
+			}
+		}
+	}
+	if c == "" {
+		c = "unknown"
+	}
+	return fmt.Sprintf("nodevigil-agent %s (commit %s, %s)", version, c, runtime.Version())
+}
 
 // Exit codes.
 const (
@@ -106,6 +130,9 @@ Run "nodevigil-agent run -h" or "nodevigil-agent check -h" for the flags.
 // run dispatches the subcommand and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, build checkBuilder) int {
 	cmd := "run"
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		cmd, args = "version", args[1:]
+	}
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
@@ -115,7 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, build che
 	case "check":
 		return runCheck(ctx, args, stdout, stderr, build)
 	case "version":
-		fmt.Fprintf(stdout, "nodevigil-agent %s\n", version)
+		fmt.Fprintln(stdout, versionLine())
 		return exitOK
 	case "help":
 		fmt.Fprint(stdout, usage)

@@ -192,6 +192,7 @@ func TestRunCommandErrors(t *testing.T) {
 		{"lease timing", []string{"run", "--node-name", "n", "--lease-renew-interval", "50s"}, 2, "set --lease-renew-interval below 40s"},
 		{"qps cap", []string{"run", "--node-name", "n", "--kube-api-qps", "20"}, 2, "kubeAPIQPS (20) must be above 0 and at most 5"},
 		{"version", []string{"version"}, 0, "nodevigil-agent dev"},
+		{"--version", []string{"--version"}, 0, "nodevigil-agent dev (commit "},
 		{"help", []string{"help"}, 0, "Usage:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -19,6 +19,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -31,7 +33,33 @@ import (
 	"github.com/nodevigil/nodevigil/remediation"
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/ec2"
+
+	// Mozilla's CA roots, used only when the system has none (the scratch image has none),
+	// so the EC2 client verifies the AWS endpoint's certificate.
+	_ "golang.org/x/crypto/x509roots/fallback"
 )
+
+// version and commit are set at build time: -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = ""
+)
+
+// versionLine is what --version prints: version, commit and Go version.
+func versionLine() string {
+	c := commit
+	if bi, ok := debug.ReadBuildInfo(); ok && c == "" {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				c = s.Value
+			}
+		}
+	}
+	if c == "" {
+		c = "unknown"
+	}
+	return fmt.Sprintf("nodevigil-remediator %s (commit %s, %s)", version, c, runtime.Version())
+}
 
 // Events get their own client and rate limit (see remediation.Config.EventClient).
 const (
@@ -49,6 +77,10 @@ func main() {
 		_ = os.Setenv(watchListEnv, "true") // read by client-go when the first informer starts
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "version") {
+		fmt.Println(versionLine())
+		os.Exit(0)
+	}
 	code := run(ctx, os.Args[1:], os.Stderr)
 	stop()
 	os.Exit(code)

@@ -108,10 +108,30 @@ nodevigil.validate fails rendering with a message naming the value and the fix.
 {{- fail (printf "agent.ownedTaints entry %q is not a valid taint key (an optional lower-case DNS prefix and a slash, then a name; no =value or :Effect), e.g. readiness.k8s.io/nodevigil-agent-not-ready" .) -}}
 {{- end -}}
 {{- end -}}
+{{- range .Values.agent.ownedTaints -}}
+{{- /* Taints other components own: the agent would remove them, and the admission policy would
+let it. The kubernetes.io and k8s.io namespaces are reserved (readiness.k8s.io/, meant for
+readiness taints like ours, excepted), and so are the taints of the autoscalers and EKS. */ -}}
+{{- if and (regexMatch "^([^/]*\\.)?(kubernetes\\.io|k8s\\.io)/" .) (not (hasPrefix "readiness.k8s.io/" .)) -}}
+{{- fail (printf "agent.ownedTaints entry %q is a Kubernetes system taint (node.kubernetes.io/*, node.cloudprovider.kubernetes.io/*, node-role.kubernetes.io/* and every other kubernetes.io or k8s.io key belong to Kubernetes components); use a key of your own domain or readiness.k8s.io/<name>" .) -}}
+{{- end -}}
+{{- if or (regexMatch "^([^/]*\\.)?(karpenter\\.sh|eks\\.amazonaws\\.com)/" .) (has . (list "ToBeDeletedByClusterAutoscaler" "DeletionCandidateOfClusterAutoscaler" "nodevigil.io/remediating")) -}}
+{{- fail (printf "agent.ownedTaints entry %q belongs to another component (Karpenter, EKS, the cluster autoscaler or the nodevigil remediator); the agent may own only its startup taints" .) -}}
+{{- end -}}
+{{- end -}}
 {{- range .Values.agent.conditionTypes -}}
 {{- if not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$" .) -}}
 {{- fail (printf "agent.conditionTypes entry %q is not a condition type" .) -}}
 {{- end -}}
+{{- if has . (list "Ready" "MemoryPressure" "DiskPressure" "PIDPressure" "NetworkUnavailable") -}}
+{{- fail (printf "agent.conditionTypes entry %q is a built-in Node condition the kubelet or the cloud provider owns; the agent may own only its own types (KubeletHealthy, NetworkingReady, MemoryHealthy, KubeletConfigValid)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not .Values.remediator.dryRun) (not .Values.remediator.clusterName) -}}
+{{- fail "remediator.clusterName is empty but remediator.dryRun is false: set remediator.clusterName to the EKS cluster name, so that the remediator terminates only instances tagged kubernetes.io/cluster/<clusterName> (or keep remediator.dryRun=true)" -}}
+{{- end -}}
+{{- if and (hasKey .Values.remediator.podDisruptionBudget "minAvailable") (hasKey .Values.remediator.podDisruptionBudget "maxUnavailable") -}}
+{{- fail "remediator.podDisruptionBudget: set maxUnavailable or minAvailable, not both (maxUnavailable: 1 is the default and never blocks a node drain; set maxUnavailable: null to use minAvailable)" -}}
 {{- end -}}
 {{- range $k := list "apiVersion" "kind" "namespace" "hostRoot" "listenAddress" "ownedTaints" "kubeletRepair" "kubeletUnit" "cniConfDir" "cniBinDir" "logLevel" "logFormat" -}}
 {{- if hasKey $.Values.agent.config $k -}}
@@ -129,6 +149,7 @@ nodevigil.validate fails rendering with a message naming the value and the fix.
 {{- end -}}
 
 {{/*
+<<<<<<< HEAD
 nodevigil.agent.goMemLimit renders GOMEMLIMIT as agent.goMemLimitPercent of the agent's memory
 limit, in MiB. The downward API can only pass the limit itself, which would leave the Go
 runtime no room to collect before the cgroup's OOM killer acts. It also refuses resources that
@@ -156,3 +177,24 @@ would take the agent out of the Guaranteed QoS class.
 {{- end -}}
 {{- printf "%dMiB" (div (mul $mib $pct) 100) -}}
 {{- end -}}
+=======
+nodevigil.gomemlimit renders the GOMEMLIMIT env var at percent of the container's memory limit
+(in bytes), or nothing without a limit. resourceFieldRef cannot scale a value, so the chart
+parses the quantity itself; call with (dict "resources" .Values.x.resources "percent" N "field" "x.resources").
+*/}}
+{{- define "nodevigil.gomemlimit" -}}
+{{- $lim := "" -}}
+{{- with .resources -}}{{- with .limits -}}{{- with .memory -}}{{- $lim = toString . -}}{{- end -}}{{- end -}}{{- end -}}
+{{- if $lim -}}
+{{- $m := regexFindAll "^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$" $lim 1 -}}
+{{- if not $m -}}
+{{- fail (printf "%s.limits.memory %q: use a whole number with an optional Ki, Mi, Gi, Ti, k, M, G or T suffix (e.g. 512Mi) so that GOMEMLIMIT can be derived from it" .field $lim) -}}
+{{- end -}}
+{{- $num := regexFind "^[0-9]+" $lim | int64 -}}
+{{- $suffix := trimPrefix (regexFind "^[0-9]+" $lim) $lim -}}
+{{- $mult := get (dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000) $suffix | int64 -}}
+- name: GOMEMLIMIT
+  value: {{ div (mul $num $mult .percent) 100 | toString | quote }}
+{{- end -}}
+{{- end -}}
+>>>>>>> h-ship

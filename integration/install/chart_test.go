@@ -1,0 +1,222 @@
+package install_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+)
+
+// helmVersion is the helm manifests/render.sh renders install.yaml with.
+const helmVersion = "v3.19.0"
+
+const chartRelPath = "../../manifests/charts/nodevigil"
+
+var (
+	helmOnce sync.Once
+	helmPath string
+	helmErr  error
+	helmDir  string
+)
+
+// helmBinary returns a helm of the pinned version: $HELM when set, else one `go install`ed
+// into a temporary directory once per test binary (the module cache and build cache make this
+// quick after the first `make manifests`).
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	helmOnce.Do(func() {
+		if h := os.Getenv("HELM"); h != "" {
+			helmPath = h
+			return
+		}
+		dir, err := os.MkdirTemp("", "nodevigil-helm-")
+		if err != nil {
+			helmErr = err
+			return
+		}
+		helmDir = dir
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "install", "helm.sh/helm/v3/cmd/helm@"+helmVersion)
+		cmd.Dir = dir // outside the project's module, as manifests/render.sh does
+		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			helmErr = fmt.Errorf("go install helm %s: %w\n%s", helmVersion, err, out)
+			return
+		}
+		helmPath = filepath.Join(dir, "helm")
+	})
+	if helmErr != nil {
+		t.Fatal(helmErr)
+	}
+	return helmPath
+}
+
+// helm runs helm with a private configuration (no repositories, no registry logins) and
+// returns its combined output.
+func helm(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	bin := helmBinary(t)
+	home := t.TempDir()
+	cmd := exec.CommandContext(t.Context(), bin, args...)
+	cmd.Env = append(os.Environ(),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+		"HELM_REGISTRY_CONFIG="+filepath.Join(home, "registry.json"),
+	)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// template renders the chart with --set values, as render.sh does.
+func template(t *testing.T, sets ...string) (string, error) {
+	args := []string{"template", "nodevigil", chartRelPath, "--namespace", namespace, "--kube-version", "1.31.0"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	return helm(t, args...)
+}
+
+// TestChartRefusesBadValues renders the chart with values a user could get wrong and checks
+// that rendering fails with a message naming the value, and that the corrected values render.
+func TestChartRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sets []string
+		want string // "" means rendering must succeed
+	}{
+		{"defaults", nil, ""},
+		{"typo at top level", []string{"agent.tolerationz[0].operator=Exists"}, "Additional property tolerationz is not allowed"},
+		{"typo nested", []string{"remediator.podDisruptionBudget.minAvaliable=1"}, "Additional property minAvaliable is not allowed"},
+		{"wrong type", []string{"remediator.replicas=two"}, "remediator.replicas"},
+		{"live without cluster name", []string{"remediator.dryRun=false"}, "remediator.clusterName is empty but remediator.dryRun is false"},
+		{"live with cluster name", []string{"remediator.dryRun=false", "remediator.clusterName=prod"}, ""},
+		{"node.kubernetes.io taint", []string{"agent.ownedTaints[0]=node.kubernetes.io/not-ready"}, `"node.kubernetes.io/not-ready" is a Kubernetes system taint`},
+		{"cloud provider taint", []string{"agent.ownedTaints[0]=node.cloudprovider.kubernetes.io/uninitialized"}, "is a Kubernetes system taint"},
+		{"node-role taint", []string{"agent.ownedTaints[0]=node-role.kubernetes.io/control-plane"}, "is a Kubernetes system taint"},
+		{"karpenter taint", []string{"agent.ownedTaints[0]=karpenter.sh/disrupted"}, "belongs to another component"},
+		{"remediator taint", []string{"agent.ownedTaints[0]=nodevigil.io/remediating"}, "belongs to another component"},
+		{"own readiness taint", []string{"agent.ownedTaints[0]=readiness.k8s.io/example"}, ""},
+		{"own domain taint", []string{"agent.ownedTaints[0]=example.com/not-ready"}, ""},
+		{"Ready condition", []string{"agent.conditionTypes[0]=Ready"}, `"Ready" is a built-in Node condition`},
+		{"MemoryPressure condition", []string{"agent.conditionTypes[1]=MemoryPressure"}, `"MemoryPressure" is a built-in Node condition`},
+		{"both PDB fields", []string{"remediator.podDisruptionBudget.minAvailable=1"}, "set maxUnavailable or minAvailable, not both"},
+		{"PDB minAvailable alone", []string{"remediator.podDisruptionBudget.minAvailable=1", "remediator.podDisruptionBudget.maxUnavailable=null"}, ""},
+		{"memory limit GOMEMLIMIT cannot parse", []string{"remediator.resources.limits.memory=0.5Gi"}, "remediator.resources.limits.memory \"0.5Gi\""},
+		{"bad digest", []string{"agent.image.digest=sha256:abc"}, "agent.image.digest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := template(t, tc.sets...)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("helm template %v: %v\n%s", tc.sets, err, out)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("helm template %v rendered; want a failure saying %q", tc.sets, tc.want)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("helm template %v failed, but without %q:\n%s", tc.sets, tc.want, out)
+			}
+		})
+	}
+}
+
+// TestChartGOMEMLIMIT checks the soft memory limit is 90 % of each container's memory limit.
+func TestChartGOMEMLIMIT(t *testing.T) {
+	out, err := template(t, "agent.resources.limits.memory=100Mi", "remediator.resources.limits.memory=1Gi")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"name: GOMEMLIMIT\n              value: \"94371840\"",  // 90 % of 100Mi
+		"name: GOMEMLIMIT\n              value: \"966367641\"", // 90 % of 1Gi
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rendered chart lacks %q", want)
+		}
+	}
+}
+
+// TestChartFromOCIRegistry packages the chart as `make chart` does, pushes it to an OCI
+// registry (go-containerregistry's, in process, plain HTTP) with helm, and installs it from
+// there with a server-side dry run against the real API server: every object passes the API
+// server's validation and admission. Images are pinned by digest for one component and follow
+// appVersion for the other; NOTES warn loudly when the admission policy is turned off.
+func TestChartFromOCIRegistry(t *testing.T) {
+	ctx := t.Context()
+	const appVersion = "v9.8.7-charttest"
+	pkgDir := t.TempDir()
+	pkg := exec.CommandContext(ctx, "bash", "../../manifests/package.sh", appVersion, "0.1.0-test", pkgDir)
+	pkg.Env = append(os.Environ(), "HELM="+helmBinary(t))
+	if out, err := pkg.CombinedOutput(); err != nil {
+		t.Fatalf("package.sh: %v\n%s", err, out)
+	}
+	tgz := filepath.Join(pkgDir, "nodevigil-0.1.0-test.tgz")
+	if _, err := os.Stat(tgz); err != nil {
+		t.Fatalf("package.sh did not write %s: %v", tgz, err)
+	}
+
+	srv := httptest.NewServer(registry.New(registry.Logger(nil)))
+	t.Cleanup(srv.Close)
+	repo := "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/charts"
+	if out, err := helm(t, "push", tgz, repo, "--plain-http"); err != nil {
+		t.Fatalf("helm push: %v\n%s", err, out)
+	}
+
+	ns, err := cp.Namespace(ctx, "helm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	install := func(sets ...string) string {
+		t.Helper()
+		args := []string{"install", "nv", repo + "/nodevigil", "--version", "0.1.0-test", "--plain-http",
+			"--namespace", ns, "--kubeconfig", cp.KubeconfigPath(), "--dry-run=server"}
+		for _, s := range sets {
+			args = append(args, "--set", s)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("helm install from %s: %v\n%s", repo, err, out)
+		}
+		return out
+	}
+
+	out := install("agent.image.digest=" + digest)
+	for _, want := range []string{
+		"CHART VERSION: 0.1.0-test", "APP VERSION: " + appVersion,
+		`image: "ghcr.io/nodevigil/nodevigil-agent@` + digest + `"`,
+		`image: "ghcr.io/nodevigil/nodevigil-remediator:` + appVersion + `"`,
+		"kind: DaemonSet", "kind: ValidatingAdmissionPolicy",
+		"DRY-RUN mode",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("helm install output lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "WARNING: admissionPolicy.enabled=false") {
+		t.Error("NOTES warn about a disabled admission policy although it is enabled")
+	}
+
+	out = install("admissionPolicy.enabled=false")
+	if !strings.Contains(out, "WARNING: admissionPolicy.enabled=false") || !strings.Contains(out, "patch EVERY Node") {
+		t.Errorf("NOTES do not warn when the admission policy is off:\n%s", out)
+	}
+	if strings.Contains(out, "kind: ValidatingAdmissionPolicy") {
+		t.Error("admissionPolicy.enabled=false still renders a ValidatingAdmissionPolicy")
+	}
+}

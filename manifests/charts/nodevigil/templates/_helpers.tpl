@@ -149,35 +149,20 @@ readiness taints like ours, excepted), and so are the taints of the autoscalers 
 {{- end -}}
 
 {{/*
-<<<<<<< HEAD
-nodevigil.agent.goMemLimit renders GOMEMLIMIT as agent.goMemLimitPercent of the agent's memory
-limit, in MiB. The downward API can only pass the limit itself, which would leave the Go
-runtime no room to collect before the cgroup's OOM killer acts. It also refuses resources that
-would take the agent out of the Guaranteed QoS class.
+nodevigil.agent.guaranteed refuses agent resources that would take the agent out of the
+Guaranteed QoS class: under node memory pressure the kubelet evicts and the kernel OOM-kills
+Burstable pods first, and the agent is the one reporting that pressure.
 */}}
-{{- define "nodevigil.agent.goMemLimit" -}}
+{{- define "nodevigil.agent.guaranteed" -}}
 {{- $res := .Values.agent.resources -}}
-{{- $lim := toString (dig "limits" "memory" "" $res) -}}
-{{- $mib := 0 -}}
-{{- if hasSuffix "Mi" $lim -}}
-{{- $mib = int (trimSuffix "Mi" $lim) -}}
-{{- else if hasSuffix "Gi" $lim -}}
-{{- $mib = mul (int (trimSuffix "Gi" $lim)) 1024 -}}
-{{- else -}}
-{{- fail (printf "agent.resources.limits.memory %q must be a whole number of Mi or Gi (e.g. 64Mi): GOMEMLIMIT is derived from it" $lim) -}}
-{{- end -}}
 {{- range $r := list "cpu" "memory" -}}
 {{- if ne (toString (dig "requests" $r "" $res)) (toString (dig "limits" $r "" $res)) -}}
 {{- fail (printf "agent.resources.requests.%s and limits.%s must be set and equal so the agent pod is Guaranteed QoS and is not evicted or OOM-killed first under node memory pressure" $r $r) -}}
 {{- end -}}
 {{- end -}}
-{{- $pct := int .Values.agent.goMemLimitPercent -}}
-{{- if or (lt $pct 50) (gt $pct 100) -}}
-{{- fail (printf "agent.goMemLimitPercent %d must be between 50 and 100 (default 90)" $pct) -}}
 {{- end -}}
-{{- printf "%dMiB" (div (mul $mib $pct) 100) -}}
-{{- end -}}
-=======
+
+{{/*
 nodevigil.gomemlimit renders the GOMEMLIMIT env var at percent of the container's memory limit
 (in bytes), or nothing without a limit. resourceFieldRef cannot scale a value, so the chart
 parses the quantity itself; call with (dict "resources" .Values.x.resources "percent" N "field" "x.resources").
@@ -197,4 +182,3 @@ parses the quantity itself; call with (dict "resources" .Values.x.resources "per
   value: {{ div (mul $num $mult .percent) 100 | toString | quote }}
 {{- end -}}
 {{- end -}}
->>>>>>> h-ship

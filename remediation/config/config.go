@@ -206,12 +206,15 @@ type TolerationsSpec struct {
 type DrainSpec struct {
 	// Enabled evicts the pods before terminating. Default true.
 	Enabled *bool `json:"enabled,omitempty"`
-	// Timeout bounds the drain, from its start. Default 10m.
+	// Timeout bounds the drain, from its start: refused evictions and do-not-disrupt pods
+	// included. Default 10m.
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
-	// HonorDoNotDisrupt leaves pods annotated karpenter.sh/do-not-disrupt=true alone and
-	// waits for them, whatever the timeout. Default true.
+	// HonorDoNotDisrupt leaves pods annotated karpenter.sh/do-not-disrupt=true alone: they are
+	// not evicted and hold the drain until they leave or the drain timeout passes; then
+	// OnTimeout decides. Default true.
 	HonorDoNotDisrupt *bool `json:"honorDoNotDisrupt,omitempty"`
-	// OnTimeout is Proceed (default: terminate anyway) or Wait (keep retrying).
+	// OnTimeout is Proceed (default: terminate anyway, do-not-disrupt pods included) or Wait
+	// (keep retrying; the node keeps its in-flight slot).
 	OnTimeout OnTimeout `json:"onTimeout,omitempty"`
 }
 

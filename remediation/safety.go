@@ -46,7 +46,7 @@ type census struct {
 }
 
 type poolCount struct {
-	policy                    string
+	policy                     string
 	total, unhealthy, inFlight int
 }
 

@@ -10,12 +10,14 @@
 //
 // Every pipeline step is recorded on the Node (annotations, see decide.Annotation*) before it is
 // taken, in a patch guarded by the Node's resourceVersion, so a new leader resumes exactly
-// where the old one stopped and nothing is done twice. Terminating twice is harmless anyway:
-// Cloud.Terminate is idempotent.
+// where the old one stopped and nothing is done twice; the one exception is Terminating, the
+// point of no return, recorded once EC2 accepted (an intent annotation before the call makes
+// a replay safe). The instance's ownership is verified before the first disruptive step;
+// outcomes retrying cannot fix leave the node Blocked and handed back (see blockAndRelease).
 //
-// Safety rails (design brief §4), all applied before a node is marked and again before its
-// instance is terminated: the pool's maxUnhealthy, the pool's maxInFlight (at marking), zone
-// and cluster pauses when too many nodes are silent, and a global token bucket on terminations.
+// Safety rails (design brief §4), applied before every step up to the point of no return: the
+// pool's maxUnhealthy, the pool's maxInFlight (at marking), zone and cluster pauses when too
+// many nodes are impaired, and a global token bucket on terminations.
 // A new leader observes for one agent Lease duration before it judges anything stale. Dry-run
 // decides, counts and records "would terminate" (an Event, a metric, a log line and the
 // nodevigil.io/dry-run-decision annotation) and changes nothing else.

@@ -2,7 +2,9 @@ package remediation
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
 )
@@ -59,6 +61,47 @@ type Instance struct {
 	Zone  string
 	// Owned reports whether the instance carries the cluster ownership tag.
 	Owned bool
+}
+
+// Kinds of failed cloud calls. They label nodevigil_remediator_cloud_errors_total and decide
+// what the pipeline does next: Unauthorized cannot be fixed by retrying (the node is Blocked
+// until its recheck); every other kind is retried with exponential backoff and jitter.
+const (
+	CloudErrorThrottled    = "Throttled"    // RequestLimitExceeded after the SDK's own retries
+	CloudErrorServer       = "ServerError"  // a 5xx from EC2
+	CloudErrorTimeout      = "Timeout"      // the call or its connection timed out
+	CloudErrorUnauthorized = "Unauthorized" // UnauthorizedOperation: the IAM policy refuses
+	CloudErrorOther        = "Other"        // anything else (network, unexpected responses)
+)
+
+var cloudErrorKinds = []string{CloudErrorThrottled, CloudErrorServer, CloudErrorTimeout, CloudErrorUnauthorized, CloudErrorOther}
+
+// CloudError classifies a failed cloud call. A Cloud implementation returns it (wrapped or
+// not) so that the pipeline, which knows nothing of the AWS SDK, can tell a refusal from a
+// transient failure.
+type CloudError struct {
+	// Kind is one of the CloudError* constants.
+	Kind string
+	// Err is the underlying error.
+	Err error
+}
+
+func (e *CloudError) Error() string { return e.Kind + ": " + e.Err.Error() }
+
+func (e *CloudError) Unwrap() error { return e.Err }
+
+// cloudErrorKind classifies err: the Kind of a CloudError in its chain, else Timeout for
+// deadlines and network timeouts, else Other.
+func cloudErrorKind(err error) string {
+	var ce *CloudError
+	if errors.As(err, &ce) && ce.Kind != "" {
+		return ce.Kind
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return CloudErrorTimeout
+	}
+	return CloudErrorOther
 }
 
 // instanceGone reports whether an EC2 state proves the instance is going or gone.

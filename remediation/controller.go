@@ -10,12 +10,14 @@
 //
 // Every pipeline step is recorded on the Node (annotations, see decide.Annotation*) before it is
 // taken, in a patch guarded by the Node's resourceVersion, so a new leader resumes exactly
-// where the old one stopped and nothing is done twice. Terminating twice is harmless anyway:
-// Cloud.Terminate is idempotent.
+// where the old one stopped and nothing is done twice; the one exception is Terminating, the
+// point of no return, recorded once EC2 accepted (an intent annotation before the call makes
+// a replay safe). The instance's ownership is verified before the first disruptive step;
+// outcomes retrying cannot fix leave the node Blocked and handed back (see blockAndRelease).
 //
-// Safety rails (design brief §4), all applied before a node is marked and again before its
-// instance is terminated: the pool's maxUnhealthy, the pool's maxInFlight (at marking), zone
-// and cluster pauses when too many nodes are silent, and a global token bucket on terminations.
+// Safety rails (design brief §4), applied before every step up to the point of no return: the
+// pool's maxUnhealthy, the pool's maxInFlight (at marking), zone and cluster pauses when too
+// many nodes are impaired, and a global token bucket on terminations.
 // Lease staleness is judged from when this replica saw each Lease change, by its own clock, never
 // from the renewTime a node's clock wrote (observe.go); a new leader starts observing from zero
 // and judges nothing stale before one agent Lease duration plus grace. Dry-run
@@ -83,6 +85,16 @@ const (
 	DefaultDrainRetryInterval      = 5 * time.Second
 	DefaultCensusMaxAge            = time.Second
 	DefaultCensusInterval          = 10 * time.Second
+	// DefaultBlockedRecheck is how long a node recorded Blocked (not owned, unauthorized,
+	// invalid providerID, instance not found) is left alone before it is verified again: one
+	// DescribeInstances per blocked node every 5 minutes costs nothing next to EC2's limits,
+	// and a tag added or an IAM policy fixed is picked up within minutes. A changed providerID
+	// is rechecked at once.
+	DefaultBlockedRecheck = 5 * time.Minute
+	// DefaultCloudBackoffBase and DefaultCloudBackoffMax bound the per-node backoff after a
+	// transient cloud failure (throttling, 5xx, timeouts): 2s doubling up to 5m, ±20% jitter.
+	DefaultCloudBackoffBase = 2 * time.Second
+	DefaultCloudBackoffMax  = 5 * time.Minute
 )
 
 // LabelAgentNode is the label every agent Lease carries; the agent informer selects on it.
@@ -127,6 +139,9 @@ type Config struct {
 	BlockedRequeue time.Duration
 	// DrainRetryInterval is how soon refused evictions are retried. Default 5s.
 	DrainRetryInterval time.Duration
+	// BlockedRecheck is how long a node recorded Blocked is left alone before it is verified
+	// again. Default DefaultBlockedRecheck (5m).
+	BlockedRecheck time.Duration
 	// ParseProviderID extracts zone and instance ID from spec.providerID. Default
 	// ParseProviderID.
 	ParseProviderID func(providerID string) (zone, instanceID string, err error)
@@ -207,6 +222,20 @@ type nodeMemory struct {
 	block     string
 	detected  map[string]bool
 	unhealthy bool
+	// cloudFailures counts consecutive transient cloud failures, for the backoff.
+	cloudFailures int
+	// notFoundSince is when the instance was first seen NotFound while verifying it.
+	notFoundSince time.Time
+}
+
+// memoryLocked returns the node's memory, creating it. c.mu must be held.
+func (c *Controller) memoryLocked(name string) *nodeMemory {
+	m, ok := c.memory[name]
+	if !ok {
+		m = &nodeMemory{detected: map[string]bool{}}
+		c.memory[name] = m
+	}
+	return m
 }
 
 // New builds a Controller. It validates cfg, registers metrics and informers, and does not talk
@@ -250,6 +279,7 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.ConfirmPollInterval, DefaultConfirmPollInterval)
 	setDefault(&cfg.BlockedRequeue, DefaultBlockedRequeue)
 	setDefault(&cfg.DrainRetryInterval, DefaultDrainRetryInterval)
+	setDefault(&cfg.BlockedRecheck, DefaultBlockedRecheck)
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
@@ -727,6 +757,12 @@ func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, 
 			return 0, err
 		}
 	}
+	if d.Action == decide.ActionNone && decide.PhaseOf(node) == decide.PhaseNone {
+		// Healthy again, or an operator said do-not-remediate: the Blocked record is moot.
+		if err := c.clearBlocked(ctx, node); err != nil {
+			return 0, err
+		}
+	}
 	return d.RequeueAfter, nil
 }
 
@@ -790,11 +826,7 @@ func eventful(reason string) bool {
 // blocked reports a step not taken, once per change of block reason for the node.
 func (c *Controller) blocked(node *corev1.Node, reason, message string) {
 	c.mu.Lock()
-	m, ok := c.memory[node.Name]
-	if !ok {
-		m = &nodeMemory{detected: map[string]bool{}}
-		c.memory[node.Name] = m
-	}
+	m := c.memoryLocked(node.Name)
 	changed := m.block != reason
 	m.block = reason
 	c.mu.Unlock()

@@ -31,9 +31,11 @@ type drainResult struct {
 //
 // Skipped: DaemonSet pods (the DaemonSet controller would recreate them on the node, and they
 // tolerate unschedulable), mirror pods (static pods cannot be evicted) and finished pods. With
-// honorDoNotDisrupt, pods annotated karpenter.sh/do-not-disrupt=true are not evicted and hold
-// the drain until they leave on their own, whatever the timeout says: that annotation is the
-// pod owner's explicit veto.
+// honorDoNotDisrupt, pods annotated karpenter.sh/do-not-disrupt=true are not evicted: they hold
+// the drain until they leave on their own or the drain timeout passes, like PDB-refused
+// evictions. The timeout bounds everything; then onTimeout decides — Proceed terminates the
+// node with them still on it (it is judged dead, so they are not serving), Wait keeps waiting
+// (and keeps the node's in-flight slot).
 //
 // A pod counts as drained once its eviction was accepted and its deletion grace period (its
 // deletionTimestamp) has passed. Waiting for the object to disappear would wait forever on a
@@ -98,11 +100,7 @@ func (c *Controller) drain(ctx context.Context, node *corev1.Node, p *config.Pol
 		c.log.Info("pods evicted", "node", node.Name, "count", evicted)
 	}
 
-	if len(vetoed) > 0 {
-		c.blocked(node, BlockDoNotDisrupt, fmt.Sprintf("drain held by %d pod(s) annotated %s=true: %s", len(vetoed), decide.AnnotationDoNotDisrupt, list(vetoed)))
-		return drainResult{requeue: c.cfg.BlockedRequeue}
-	}
-	if len(refused) == 0 && len(failed) == 0 && !terminatingUntil.After(now) {
+	if len(refused) == 0 && len(failed) == 0 && len(vetoed) == 0 && !terminatingUntil.After(now) {
 		c.unblocked(node.Name)
 		c.recorder.Event(node, corev1.EventTypeNormal, EventDrainCompleted, "every evictable pod was evicted")
 		return drainResult{done: true}
@@ -114,23 +112,28 @@ func (c *Controller) drain(ctx context.Context, node *corev1.Node, p *config.Pol
 	}
 	deadline := started.Add(p.Drain.Timeout)
 	if !now.Before(deadline) {
-		msg := fmt.Sprintf("drain did not finish within %s: %d eviction(s) refused by a PodDisruptionBudget (%s), %d failed (%s), pods terminating until %s",
-			p.Drain.Timeout, len(refused), list(refused), len(failed), list(failed), ts(terminatingUntil))
+		msg := fmt.Sprintf("drain did not finish within %s: %d pod(s) annotated %s=true (%s), %d eviction(s) refused by a PodDisruptionBudget (%s), %d failed (%s), pods terminating until %s",
+			p.Drain.Timeout, len(vetoed), decide.AnnotationDoNotDisrupt, list(vetoed), len(refused), list(refused), len(failed), list(failed), ts(terminatingUntil))
 		if p.Drain.OnTimeout == config.OnTimeoutProceed {
 			c.recorder.Event(node, corev1.EventTypeWarning, BlockDrainTimeout, msg+"; proceeding (onTimeout Proceed)")
 			c.log.Warn("drain timed out; proceeding", "node", node.Name, "duration", p.Drain.Timeout)
 			return drainResult{done: true}
 		}
-		c.blocked(node, BlockDrainTimeout, msg+"; waiting (onTimeout Wait)")
+		c.blocked(node, BlockDrainTimeout, msg+"; waiting (onTimeout Wait): the node keeps its in-flight slot until the drain finishes, the node recovers or an operator steps in")
 		return drainResult{requeue: c.cfg.DrainRetryInterval}
 	}
 
 	requeue := c.cfg.DrainRetryInterval
-	if len(refused) == 0 && len(failed) == 0 {
+	if len(refused) == 0 && len(failed) == 0 && len(vetoed) == 0 {
 		requeue = terminatingUntil.Sub(now)
 	}
-	if len(refused) > 0 {
-		c.blocked(node, BlockEvictionRefused, fmt.Sprintf("%d eviction(s) refused by a PodDisruptionBudget, retrying until %s: %s", len(refused), ts(deadline), list(refused)))
+	switch {
+	case len(vetoed) > 0:
+		c.blocked(node, BlockDoNotDisrupt, fmt.Sprintf("drain waiting for %d pod(s) annotated %s=true to leave (%s) until %s, then onTimeout %s decides",
+			len(vetoed), decide.AnnotationDoNotDisrupt, list(vetoed), ts(deadline), p.Drain.OnTimeout))
+	case len(refused) > 0:
+		c.blocked(node, BlockEvictionRefused, fmt.Sprintf("%d eviction(s) refused by a PodDisruptionBudget, retrying until %s, then onTimeout %s decides: %s",
+			len(refused), ts(deadline), p.Drain.OnTimeout, list(refused)))
 	}
 	if len(failed) > 0 {
 		c.log.Info("evictions failed; retrying", "node", node.Name, "err", list(failed))

@@ -190,8 +190,12 @@ func (h *harness) react(action k8stesting.Action) (bool, runtime.Object, error) 
 		if err := tracker.Update(nodesGVR, n, ""); err != nil {
 			return true, nil, err
 		}
-		if s, ok := body.Metadata.Annotations[decide.AnnotationState]; ok {
+		if b, ok := body.Metadata.Annotations[decide.AnnotationBlocked]; ok && b != nil {
+			h.step("patch " + a.Name + " Blocked:" + *b)
+		} else if s, ok := body.Metadata.Annotations[decide.AnnotationState]; ok {
 			h.step("patch " + a.Name + " " + ptr.Deref(s, "<removed>"))
+		} else if r, ok := body.Metadata.Annotations[decide.AnnotationTerminationRequestedAt]; ok && r != nil {
+			h.step("patch " + a.Name + " intent")
 		} else if _, ok := body.Metadata.Annotations[decide.AnnotationDryRunDecision]; ok {
 			h.step("patch " + a.Name + " dry-run")
 		} else {
@@ -505,10 +509,17 @@ type fakeCloud struct {
 	hideAfterTerminate bool
 	// keepRunning makes EC2 accept terminations but keep reporting the instance running.
 	keepRunning bool
+	// describeErr and terminateErr fail the next calls for an instance (each entry is used
+	// once, in order).
+	describeErr  map[string][]error
+	terminateErr map[string][]error
+	// onDescribe runs (without the lock) before each Describe answers.
+	onDescribe func(id string)
 }
 
 func newFakeCloud() *fakeCloud {
-	return &fakeCloud{instances: map[string]string{}, owned: map[string]bool{}, override: map[string]TerminateResult{}}
+	return &fakeCloud{instances: map[string]string{}, owned: map[string]bool{}, override: map[string]TerminateResult{},
+		describeErr: map[string][]error{}, terminateErr: map[string][]error{}}
 }
 
 func (f *fakeCloud) addInstance(n *corev1.Node, state string) {
@@ -524,6 +535,10 @@ func (f *fakeCloud) Terminate(_ context.Context, id string) (TerminateOutcome, e
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.terminates = append(f.terminates, id)
+	if errs := f.terminateErr[id]; len(errs) > 0 {
+		f.terminateErr[id] = errs[1:]
+		return TerminateOutcome{Result: ResultFailed, Err: errs[0]}, nil
+	}
 	if f.h != nil {
 		// Which node names this instance, and what does it say about itself right now?
 		nodes, _ := f.h.client.Tracker().List(nodesGVR, corev1.SchemeGroupVersion.WithKind("Node"), "")
@@ -555,9 +570,16 @@ func (f *fakeCloud) Terminate(_ context.Context, id string) (TerminateOutcome, e
 }
 
 func (f *fakeCloud) Describe(_ context.Context, id string) (Instance, bool, error) {
+	if f.onDescribe != nil {
+		f.onDescribe(id)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.describes = append(f.describes, id)
+	if errs := f.describeErr[id]; len(errs) > 0 {
+		f.describeErr[id] = errs[1:]
+		return Instance{}, false, errs[0]
+	}
 	st, ok := f.instances[id]
 	if !ok {
 		return Instance{}, false, nil
@@ -569,4 +591,10 @@ func (f *fakeCloud) Terminates() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.terminates)
+}
+
+func (f *fakeCloud) Describes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.describes)
 }

@@ -24,6 +24,9 @@ type metrics struct {
 	isLeader         prometheus.Gauge
 	detection        *prometheus.HistogramVec
 	terminateLatency prometheus.Histogram
+	blockedNodes     *prometheus.GaugeVec
+	cloudErrors      *prometheus.CounterVec
+	drainingNodes    prometheus.Gauge
 }
 
 // Block reasons: why a remediation step was not taken. They label
@@ -40,12 +43,17 @@ const (
 	BlockEvictionRefused   = "EvictionBlocked"
 	BlockDoNotDisrupt      = "DoNotDisrupt"
 	BlockDrainTimeout      = "DrainTimedOut"
+	BlockNotFound          = "InstanceNotFound"
 )
+
+// terminalBlocks are the block reasons retrying cannot fix: the node is handed back and
+// recorded Blocked (decide.AnnotationBlocked) instead of holding its pool.
+var terminalBlocks = []string{BlockInvalidProviderID, BlockNotOwned, BlockUnauthorized, BlockNotFound}
 
 var blockReasons = []string{
 	BlockMaxUnhealthy, BlockMaxInFlight, BlockZonePaused, BlockClusterPaused, BlockRateLimited,
 	BlockInvalidProviderID, BlockNotOwned, BlockUnauthorized, BlockEvictionRefused, BlockDoNotDisrupt,
-	BlockDrainTimeout,
+	BlockDrainTimeout, BlockNotFound,
 }
 
 var terminateResults = []TerminateResult{
@@ -110,9 +118,21 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time from a node's toleration expiring to its first instance termination request (includes cordon and drain).",
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800},
 		}),
+		blockedNodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "blocked_nodes",
+			Help: "Nodes recorded Blocked (nodevigil.io/remediation-blocked): remediation hit an obstacle retrying cannot fix (not owned, unauthorized, invalid provider ID, instance not found). They hold no in-flight slot; alert on it.",
+		}, []string{"reason"}),
+		cloudErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "cloud_errors_total",
+			Help: "Failed cloud calls of the pipeline by operation (Describe, Terminate) and kind (Throttled, ServerError, Timeout, Unauthorized, Other); all but Unauthorized are retried with backoff and jitter.",
+		}, []string{"operation", "kind"}),
+		drainingNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "draining_nodes",
+			Help: "Nodes in the Draining phase, waiting for evictions, PodDisruptionBudgets or do-not-disrupt pods; they count against maxInFlight.",
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.silentNodes, m.nodes, m.unhealthyNodes, m.zonePaused, m.clusterPaused, m.decisions,
-		m.terminations, m.blocked, m.inFlight, m.isLeader, m.detection, m.terminateLatency} {
+		m.terminations, m.blocked, m.inFlight, m.isLeader, m.detection, m.terminateLatency, m.blockedNodes, m.cloudErrors, m.drainingNodes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -126,6 +146,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, r := range blockReasons {
 		m.blocked.WithLabelValues(r)
+	}
+	for _, r := range terminalBlocks {
+		m.blockedNodes.WithLabelValues(r)
+	}
+	for _, op := range []string{"Describe", "Terminate"} {
+		for _, k := range cloudErrorKinds {
+			m.cloudErrors.WithLabelValues(op, k)
+		}
 	}
 	return m, nil
 }

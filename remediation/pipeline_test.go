@@ -1,6 +1,7 @@
 package remediation
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -44,6 +45,7 @@ func TestPipelineRecordsEachStepBeforeTakingIt(t *testing.T) {
 		"patch dead Cordoned",
 		"patch dead Draining",
 		"evict app/web-1",
+		"patch dead intent",
 		"patch dead Terminating",
 		"patch dead Terminated",
 		"delete dead",
@@ -54,8 +56,12 @@ func TestPipelineRecordsEachStepBeforeTakingIt(t *testing.T) {
 	if got := h.cloud.Terminates(); !slices.Equal(got, []string{instanceOf(n)}) {
 		t.Errorf("Terminate calls = %v, want one for %s", got, instanceOf(n))
 	}
-	if !slices.Equal(h.cloud.stateAtTerminate, []string{string(decide.PhaseTerminating)}) {
-		t.Errorf("state recorded at Terminate = %v, want [Terminating]", h.cloud.stateAtTerminate)
+	// Terminating is the point of no return: recorded only once EC2 accepted.
+	if !slices.Equal(h.cloud.stateAtTerminate, []string{string(decide.PhaseDraining)}) {
+		t.Errorf("state recorded at Terminate = %v, want [Draining]", h.cloud.stateAtTerminate)
+	}
+	if got := h.cloud.Describes(); len(got) != 2 {
+		t.Errorf("Describe calls = %v, want two (the ownership check before the mark, the confirmation)", got)
 	}
 	if !h.nodeGone("dead") {
 		t.Error("node object still exists")
@@ -108,9 +114,9 @@ func TestResumeFromEachRecordedState(t *testing.T) {
 		wantSteps     []string
 		wantTerminate int
 	}{
-		{decide.PhaseMarked, "running", []string{"patch n Cordoned", "patch n Draining", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
-		{decide.PhaseCordoned, "running", []string{"patch n Draining", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
-		{decide.PhaseDraining, "running", []string{"patch n Terminating", "patch n Terminated", "delete n"}, 1},
+		{decide.PhaseMarked, "running", []string{"patch n Cordoned", "patch n Draining", "patch n intent", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
+		{decide.PhaseCordoned, "running", []string{"patch n Draining", "patch n intent", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
+		{decide.PhaseDraining, "running", []string{"patch n intent", "patch n Terminating", "patch n Terminated", "delete n"}, 1},
 		// The old leader recorded Terminating and died before (or after) calling EC2.
 		{decide.PhaseTerminating, "running", []string{"patch n Terminated", "delete n"}, 1},
 		{decide.PhaseTerminating, "shutting-down", []string{"patch n Terminated", "delete n"}, 0},
@@ -316,7 +322,7 @@ func TestDryRunDoesNotAdvanceRecordedPipeline(t *testing.T) {
 	}
 }
 
-func TestMalformedProviderIDGetsEventAndNoAction(t *testing.T) {
+func TestMalformedProviderIDIsBlocked(t *testing.T) {
 	for _, id := range []string{"", "gce://project/zone/vm", "aws:///us-east-1a/not-an-instance", "aws:///us-east-1a/i-0123/extra"} {
 		t.Run(id, func(t *testing.T) {
 			h := newHarness(t, nil)
@@ -325,17 +331,23 @@ func TestMalformedProviderIDGetsEventAndNoAction(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := h.Steps(); len(got) != 0 {
-				t.Errorf("wrote %q for provider ID %q", got, id)
+			if got := h.Steps(); !slices.Equal(got, []string{"patch n Blocked:" + BlockInvalidProviderID}) {
+				t.Errorf("steps %q for provider ID %q, want only the Blocked record", got, id)
+			}
+			if n := h.node("n"); n.Spec.Unschedulable || n.Annotations[decide.AnnotationBlocked] != BlockInvalidProviderID {
+				t.Errorf("node: unschedulable %v, blocked %q", n.Spec.Unschedulable, n.Annotations[decide.AnnotationBlocked])
 			}
 			if !hasEvent(h.events(), BlockInvalidProviderID) {
 				t.Error("no InvalidProviderID event")
 			}
-			if requeue <= 0 {
-				t.Error("no requeue: a blocked node must be looked at again")
+			if requeue != DefaultBlockedRecheck {
+				t.Errorf("requeue %s, want the blocked recheck %s", requeue, DefaultBlockedRecheck)
 			}
 			if got := testutil.ToFloat64(h.c.metrics.blocked.WithLabelValues(BlockInvalidProviderID)); got != 1 {
 				t.Errorf("blocked_total{InvalidProviderID} = %v, want 1", got)
+			}
+			if len(h.cloud.Describes()) != 0 {
+				t.Error("described an instance of an invalid provider ID")
 			}
 		})
 	}
@@ -361,43 +373,69 @@ func TestAgentSilentNeverActs(t *testing.T) {
 	}
 }
 
-func TestDoNotDisruptHonoured(t *testing.T) {
-	const cfg = "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {timeout: 1m, onTimeout: Proceed, honorDoNotDisrupt: %v}\n"
-	t.Run("honoured", func(t *testing.T) {
-		h := newHarness(t, liveConfig(t, strings.Replace(cfg, "%v", "true", 1)))
-		h.silent(newNode("n"))
-		h.add(newPod("app", "precious", "n", func(p *corev1.Pod) { p.Annotations[decide.AnnotationDoNotDisrupt] = "true" }))
-		h.add(newPod("app", "web", "n"))
-		for range 4 {
+// TestDoNotDisruptBoundedByTheDrainTimeout: a do-not-disrupt pod is never evicted and holds
+// the drain, but only until the drain timeout; then onTimeout decides.
+func TestDoNotDisruptBoundedByTheDrainTimeout(t *testing.T) {
+	const cfg = "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {timeout: 1m, onTimeout: %s, honorDoNotDisrupt: %v}\n"
+	for _, tt := range []struct {
+		onTimeout     string
+		honour        bool
+		wantTerminate bool
+		wantEvicted   bool
+	}{
+		{"Proceed", true, true, false},
+		{"Wait", true, false, false},
+		{"Proceed", false, true, true},
+	} {
+		t.Run(fmt.Sprintf("%s/honour=%v", tt.onTimeout, tt.honour), func(t *testing.T) {
+			h := newHarness(t, liveConfig(t, fmt.Sprintf(cfg, tt.onTimeout, tt.honour)))
+			h.silent(newNode("n"))
+			h.add(newPod("app", "precious", "n", func(p *corev1.Pod) { p.Annotations[decide.AnnotationDoNotDisrupt] = "true" }))
+			h.add(newPod("app", "web", "n"))
 			requeue, err := h.sync("n")
 			if err != nil {
 				t.Fatal(err)
 			}
-			h.clock.Step(max(requeue, time.Minute)) // well past the drain timeout
-		}
-		steps := h.Steps()
-		if slices.Contains(steps, "evict app/precious") {
-			t.Error("evicted a do-not-disrupt pod")
-		}
-		if !slices.Contains(steps, "evict app/web") {
-			t.Error("other pods were not evicted")
-		}
-		if len(h.cloud.Terminates()) != 0 || decide.PhaseOf(h.node("n")) != decide.PhaseDraining {
-			t.Errorf("terminated despite a do-not-disrupt pod (even past the timeout): state %q", decide.PhaseOf(h.node("n")))
-		}
-		if !hasEvent(h.events(), BlockDoNotDisrupt) {
-			t.Error("no DoNotDisrupt event")
-		}
-	})
-	t.Run("not honoured", func(t *testing.T) {
-		h := newHarness(t, liveConfig(t, strings.Replace(cfg, "%v", "false", 1)))
-		h.silent(newNode("n"))
-		h.add(newPod("app", "precious", "n", func(p *corev1.Pod) { p.Annotations[decide.AnnotationDoNotDisrupt] = "true" }))
-		h.drive("n", 5)
-		if !slices.Contains(h.Steps(), "evict app/precious") || !h.nodeGone("n") {
-			t.Errorf("steps %q: with honorDoNotDisrupt false the pod is evicted and the node terminated", h.Steps())
-		}
-	})
+			if tt.honour {
+				if len(h.cloud.Terminates()) != 0 || decide.PhaseOf(h.node("n")) != decide.PhaseDraining {
+					t.Fatalf("before the timeout: state %q, terminations %d; want Draining, none", decide.PhaseOf(h.node("n")), len(h.cloud.Terminates()))
+				}
+				if requeue <= 0 || requeue > time.Minute {
+					t.Errorf("requeue %s: a held drain is looked at again within its timeout", requeue)
+				}
+				if !hasEvent(h.events(), BlockDoNotDisrupt) {
+					t.Error("no DoNotDisrupt event on entering the wait")
+				}
+				if got := testutil.ToFloat64(h.c.metrics.blocked.WithLabelValues(BlockDoNotDisrupt)); got != 1 {
+					t.Errorf("blocked_total{DoNotDisrupt} = %v, want 1", got)
+				}
+			}
+			for range 20 {
+				if h.nodeGone("n") {
+					break
+				}
+				h.clock.Step(max(requeue, 10*time.Second))
+				if requeue, err = h.sync("n"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			steps := h.Steps()
+			if got := slices.Contains(steps, "evict app/precious"); got != tt.wantEvicted {
+				t.Errorf("do-not-disrupt pod evicted = %v, want %v; steps %q", got, tt.wantEvicted, steps)
+			}
+			if !slices.Contains(steps, "evict app/web") {
+				t.Error("other pods were not evicted")
+			}
+			if got := len(h.cloud.Terminates()) > 0; got != tt.wantTerminate {
+				t.Errorf("terminated = %v, want %v past the timeout with onTimeout %s; steps %q", got, tt.wantTerminate, tt.onTimeout, steps)
+			}
+			if !tt.wantTerminate {
+				if decide.PhaseOf(h.node("n")) != decide.PhaseDraining || !hasEvent(h.events(), BlockDrainTimeout) {
+					t.Errorf("onTimeout Wait: state %q, want Draining with a DrainTimedOut event", decide.PhaseOf(h.node("n")))
+				}
+			}
+		})
+	}
 }
 
 func TestDrainWaitsForPDBThenFollowsOnTimeout(t *testing.T) {
@@ -505,7 +543,10 @@ func TestNotOwnedInstanceIsNeverTerminated(t *testing.T) {
 	}
 }
 
-func TestUnauthorizedIsReportedAndRetried(t *testing.T) {
+// TestUnauthorizedBlocksAndReleases: an IAM refusal at the termination is not retried in a
+// loop: the node is handed back (uncordoned, untainted) and recorded Blocked, and looked at
+// again after the recheck interval, when it goes through once authorised.
+func TestUnauthorizedBlocksAndReleases(t *testing.T) {
 	h := newHarness(t, liveConfig(t, "policies:\n- name: p\n  nodeSelector: \"\"\n  drain: {enabled: false}\n"))
 	n := h.silent(newNode("n"))
 	h.cloud.override[instanceOf(n)] = ResultUnauthorized
@@ -513,12 +554,29 @@ func TestUnauthorizedIsReportedAndRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if requeue != DefaultBlockedRequeue || !hasEvent(h.events(), BlockUnauthorized) {
-		t.Errorf("requeue %s; want a blocked requeue and an Unauthorized event", requeue)
+	if requeue != DefaultBlockedRecheck || !hasEvent(h.events(), BlockUnauthorized) {
+		t.Errorf("requeue %s; want the blocked recheck and an Unauthorized event", requeue)
+	}
+	got := h.node("n")
+	if got.Spec.Unschedulable || hasTaint(got.Spec.Taints) || decide.PhaseOf(got) != decide.PhaseNone || got.Annotations[decide.AnnotationBlocked] != BlockUnauthorized {
+		t.Fatalf("after Unauthorized: unschedulable %v, taint %v, state %q, blocked %q; want handed back and Blocked",
+			got.Spec.Unschedulable, hasTaint(got.Spec.Taints), decide.PhaseOf(got), got.Annotations[decide.AnnotationBlocked])
+	}
+	if _, ok := got.Annotations[decide.AnnotationTerminationRequestedAt]; ok {
+		t.Error("the termination intent survived the release")
+	}
+	// Before the recheck: nothing is tried.
+	calls := len(h.cloud.Terminates()) + len(h.cloud.Describes())
+	h.clock.Step(time.Minute)
+	if r, err := h.sync("n"); err != nil || r != DefaultBlockedRecheck-time.Minute {
+		t.Errorf("inside the recheck interval: requeue %s, err %v; want the rest of the interval", r, err)
+	}
+	if got := len(h.cloud.Terminates()) + len(h.cloud.Describes()); got != calls {
+		t.Errorf("a Blocked node was retried inside its recheck interval (%d cloud calls, was %d)", got, calls)
 	}
 	delete(h.cloud.override, instanceOf(n))
-	h.clock.Step(requeue)
-	h.drive("n", 3)
+	h.clock.Step(DefaultBlockedRecheck)
+	h.drive("n", 5)
 	if !h.nodeGone("n") {
 		t.Errorf("not finished once authorised; steps %q", h.Steps())
 	}

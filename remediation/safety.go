@@ -28,34 +28,46 @@ func zoneOf(node *corev1.Node) string {
 // census is a cluster-wide count of the decisions, the input of every safety rail. It is
 // recomputed from the caches (Decide on every node) at most once per DefaultCensusMaxAge when a
 // rail is checked, and every DefaultCensusInterval for the gauges: at 10,000 nodes a pass costs
-// tens of milliseconds, and rails are checked only when a node is about to be marked or
-// terminated.
+// tens of milliseconds, and rails are checked only when a pipeline step is about to be taken.
+//
+// The caps (maxUnhealthy, maxInFlight) count per pool: config.Config.PoolOf, the policy and
+// the value of the pool label, so one policy spanning several pools cannot let one pool's
+// trouble use another's budget. The storm valves (zone, cluster) count every impaired node —
+// silent, or unhealthy by any verdict — whatever its pool.
 type census struct {
 	at       time.Time
-	pools    map[string]*poolCount
+	pools    map[string]*poolCount // pool key → counts
 	zones    map[string]*zoneCount
 	cluster  zoneCount
-	inFlight map[string]string // node → policy of every node seen mid-pipeline
+	inFlight map[string]string // node → pool key of every node seen mid-pipeline
 	reasons  map[string]int    // decision reason → nodes
+	blocked  map[string]int    // block reason → nodes recorded Blocked
+	draining int
 }
 
-type poolCount struct{ total, unhealthy, inFlight int }
-type zoneCount struct{ total, silent int }
+type poolCount struct {
+	policy                     string
+	total, unhealthy, inFlight int
+}
 
-// reservation counts a node the controller just marked until the cache shows the mark, so two
+// zoneCount counts the nodes of a zone (or the cluster): silent ones for the gauge, impaired
+// ones (silent or unhealthy) for the pause.
+type zoneCount struct{ total, silent, impaired int }
+
+// reservation counts a node the controller is marking until the cache shows the mark, so two
 // workers cannot both squeeze under maxInFlight in the instant before the informer catches up.
 type reservation struct {
-	policy string
-	at     time.Time
+	pool string
+	at   time.Time
 }
 
 // reservationTTL bounds how long a reservation is kept when the cache never shows the mark
 // (the node was deleted, say).
 const reservationTTL = 5 * time.Minute
 
-// inPipeline reports whether a node in phase counts against maxInFlight. A CordonOnly node that
-// is cordoned has finished its pipeline: counting it would let a CordonOnly pool cordon one node
-// ever.
+// inPipeline reports whether a node in phase counts against maxInFlight: marked, cordoned,
+// draining (however long the drain waits) or terminating. A CordonOnly node that is cordoned
+// has finished its pipeline: counting it would let a CordonOnly pool cordon one node ever.
 func inPipeline(phase decide.Phase, p *config.Policy) bool {
 	switch phase {
 	case decide.PhaseMarked, decide.PhaseTerminating:
@@ -66,12 +78,23 @@ func inPipeline(phase decide.Phase, p *config.Policy) bool {
 	return false
 }
 
+// blockedReason returns the reason of a node recorded Blocked and not (again) in the pipeline.
+func blockedReason(node *corev1.Node) string {
+	if decide.PhaseOf(node) != decide.PhaseNone {
+		return ""
+	}
+	return node.Annotations[decide.AnnotationBlocked]
+}
+
+// poolKey is the key the caps of p count node under.
+func (c *Controller) poolKey(node *corev1.Node, p *config.Policy) string {
+	return c.rc.PoolOf(p, node.Labels)
+}
+
 // computeCensus counts every node in the cache. gateMu must be held.
 func (c *Controller) computeCensus(now time.Time) *census {
-	cs := &census{at: now, pools: map[string]*poolCount{}, zones: map[string]*zoneCount{}, inFlight: map[string]string{}, reasons: map[string]int{}}
-	for i := range c.rc.Policies {
-		cs.pools[c.rc.Policies[i].Name] = &poolCount{}
-	}
+	cs := &census{at: now, pools: map[string]*poolCount{}, zones: map[string]*zoneCount{}, inFlight: map[string]string{},
+		reasons: map[string]int{}, blocked: map[string]int{}}
 	nodes, err := c.nodes.List(labels.Everything())
 	if err != nil {
 		c.log.Error("list nodes from cache", "err", err)
@@ -80,38 +103,62 @@ func (c *Controller) computeCensus(now time.Time) *census {
 		p := c.rc.PolicyFor(n.Labels)
 		d := decide.Decide(c.input(n, p, now))
 		cs.reasons[d.Reason]++
-		pc := cs.pools[p.Name]
+		key := c.poolKey(n, p)
+		pc := cs.pools[key]
+		if pc == nil {
+			pc = &poolCount{policy: p.Name}
+			cs.pools[key] = pc
+		}
 		pc.total++
-		if d.Unhealthy {
+		blocked := blockedReason(n)
+		if blocked != "" {
+			cs.blocked[blocked]++
+		}
+		// A Blocked node is not counted against maxUnhealthy: it will not be remediated, and
+		// counting it would let one foreign instance use up a small pool's budget for ever. It
+		// still counts towards the storm valves below.
+		if d.Unhealthy && blocked == "" {
 			pc.unhealthy++
 		}
-		if inPipeline(decide.PhaseOf(n), p) {
+		phase := decide.PhaseOf(n)
+		if inPipeline(phase, p) {
 			pc.inFlight++
-			cs.inFlight[n.Name] = p.Name
+			cs.inFlight[n.Name] = key
 		}
-		cs.cluster.total++
-		if d.Silent {
-			cs.cluster.silent++
+		if phase == decide.PhaseDraining {
+			cs.draining++
 		}
+		impaired := d.Silent || d.Unhealthy
+		cs.cluster.add(d.Silent, impaired)
 		if z := zoneOf(n); z != "" {
 			zc := cs.zones[z]
 			if zc == nil {
 				zc = &zoneCount{}
 				cs.zones[z] = zc
 			}
-			zc.total++
-			if d.Silent {
-				zc.silent++
-			}
+			zc.add(d.Silent, impaired)
 		}
 	}
-	// A reservation the cache now shows is counted by the census itself.
+	// A reservation whose mark the cache now shows is counted by the census itself (or, for a
+	// CordonOnly node already cordoned, no longer counts at all).
 	for name, r := range c.reservations {
-		if _, seen := cs.inFlight[name]; seen || now.Sub(r.at) > reservationTTL {
+		n, err := c.nodes.Get(name)
+		seen := err == nil && decide.PhaseOf(n) != decide.PhaseNone
+		if seen || now.Sub(r.at) > reservationTTL {
 			delete(c.reservations, name)
 		}
 	}
 	return cs
+}
+
+func (zc *zoneCount) add(silent, impaired bool) {
+	zc.total++
+	if silent {
+		zc.silent++
+	}
+	if impaired {
+		zc.impaired++
+	}
 }
 
 // currentCensus returns a census no older than DefaultCensusMaxAge. gateMu must be held.
@@ -152,9 +199,20 @@ func (c *Controller) setCensus(cs *census) {
 	for _, r := range decide.Reasons {
 		c.metrics.nodes.WithLabelValues(r).Set(float64(cs.reasons[r]))
 	}
-	for name, pc := range cs.pools {
-		c.metrics.unhealthyNodes.WithLabelValues(name).Set(float64(pc.unhealthy))
+	byPolicy := map[string]int{}
+	for i := range c.rc.Policies {
+		byPolicy[c.rc.Policies[i].Name] = 0
 	}
+	for _, pc := range cs.pools {
+		byPolicy[pc.policy] += pc.unhealthy
+	}
+	for name, n := range byPolicy {
+		c.metrics.unhealthyNodes.WithLabelValues(name).Set(float64(n))
+	}
+	for _, r := range terminalBlocks {
+		c.metrics.blockedNodes.WithLabelValues(r).Set(float64(cs.blocked[r]))
+	}
+	c.metrics.drainingNodes.Set(float64(cs.draining))
 
 	wasCluster := prev != nil && prev.clusterPaused(c.rc) != ""
 	if msg := cs.clusterPaused(c.rc); msg != "" {
@@ -188,9 +246,9 @@ func (c *Controller) setCensus(cs *census) {
 // clusterPaused returns why remediation is paused cluster-wide, or "".
 func (cs *census) clusterPaused(rc *config.Config) string {
 	allowed := config.PauseAllowed(rc.ClusterPauseThreshold, cs.cluster.total)
-	if cs.cluster.silent > allowed {
-		return fmt.Sprintf("%d of %d nodes are silent, more than clusterPauseThreshold %s (%d nodes): this looks like a control-plane or network problem, not dead machines; all remediation is paused",
-			cs.cluster.silent, cs.cluster.total, rc.ClusterPauseThreshold.String(), allowed)
+	if cs.cluster.impaired > allowed {
+		return fmt.Sprintf("%d of %d nodes are silent or unhealthy, more than clusterPauseThreshold %s (%d nodes): this looks like a control-plane or network problem, not dead machines; all remediation is paused",
+			cs.cluster.impaired, cs.cluster.total, rc.ClusterPauseThreshold.String(), allowed)
 	}
 	return ""
 }
@@ -202,9 +260,9 @@ func (cs *census) zonePaused(rc *config.Config, zone string) string {
 		return ""
 	}
 	allowed := config.PauseAllowed(rc.ZonePauseThreshold, zc.total)
-	if zc.silent > allowed {
-		return fmt.Sprintf("%d of %d nodes in zone %s are silent, more than zonePauseThreshold %s (%d nodes): remediation in the zone is paused",
-			zc.silent, zc.total, zone, rc.ZonePauseThreshold.String(), allowed)
+	if zc.impaired > allowed {
+		return fmt.Sprintf("%d of %d nodes in zone %s are silent or unhealthy, more than zonePauseThreshold %s (%d nodes): remediation in the zone is paused",
+			zc.impaired, zc.total, zone, rc.ZonePauseThreshold.String(), allowed)
 	}
 	return ""
 }
@@ -214,15 +272,18 @@ type step int
 
 const (
 	stepMark step = iota
+	stepCordon
+	stepDrain
 	stepTerminate
 	stepDryRun
 )
 
 // checkRails applies the safety rails to node before step and returns the block reason and
-// message, or "" when the step may proceed. Pauses and maxUnhealthy apply to every step;
-// maxInFlight only to marking (a node already in the pipeline is in flight); dry-run checks
-// no maxInFlight (nothing is ever in flight) and takes no rate-limiter token. gateMu must be
-// held.
+// message, or "" when the step may proceed. Pauses and maxUnhealthy apply to every step before
+// the point of no return (mark, cordon, each drain pass, the termination request), so a storm
+// that begins mid-pipeline stops the nodes already in it too; maxInFlight only to marking (a
+// node already in the pipeline is in flight); dry-run checks no maxInFlight (nothing is ever in
+// flight) and takes no rate-limiter token. gateMu must be held.
 func (c *Controller) checkRails(node *corev1.Node, p *config.Policy, s step, now time.Time) (string, string) {
 	cs := c.currentCensus(now)
 	if msg := cs.clusterPaused(c.rc); msg != "" {
@@ -233,43 +294,64 @@ func (c *Controller) checkRails(node *corev1.Node, p *config.Policy, s step, now
 			return BlockZonePaused, msg
 		}
 	}
-	pc := cs.pools[p.Name]
+	key := c.poolKey(node, p)
+	pc := cs.pools[key]
 	if pc == nil {
-		pc = &poolCount{}
+		pc = &poolCount{policy: p.Name}
 	}
 	if allowed := p.AllowedUnhealthy(pc.total); pc.unhealthy > allowed {
-		return BlockMaxUnhealthy, fmt.Sprintf("%d of %d nodes of policy %s are unhealthy, more than maxUnhealthy %s (%d nodes): this smells of a wider problem; remediation in the pool is paused",
-			pc.unhealthy, pc.total, p.Name, p.MaxUnhealthy.String(), allowed)
+		return BlockMaxUnhealthy, fmt.Sprintf("%d of %d nodes of pool %s are unhealthy, more than maxUnhealthy %s (%d nodes): this smells of a wider problem; remediation in the pool is paused",
+			pc.unhealthy, pc.total, key, p.MaxUnhealthy.String(), allowed)
 	}
 	if s == stepMark {
-		inFlight := c.inFlightLocked(cs, p.Name, node.Name)
+		inFlight := c.inFlightLocked(cs, key, node.Name)
 		if inFlight >= p.MaxInFlight {
-			return BlockMaxInFlight, fmt.Sprintf("%d nodes of policy %s are already being remediated (maxInFlight %d)", inFlight, p.Name, p.MaxInFlight)
+			return BlockMaxInFlight, fmt.Sprintf("%d nodes of pool %s are already being remediated (maxInFlight %d)", inFlight, key, p.MaxInFlight)
 		}
 	}
 	return "", ""
 }
 
-// inFlightLocked counts the nodes of policy in the pipeline, other than self: those the census
+// railsBlock checks the rails for step and reports a block; it returns true when blocked.
+func (c *Controller) railsBlock(node *corev1.Node, p *config.Policy, s step, now time.Time) bool {
+	c.gateMu.Lock()
+	reason, msg := c.checkRails(node, p, s, now)
+	c.gateMu.Unlock()
+	if reason == "" {
+		return false
+	}
+	c.blocked(node, reason, msg)
+	return true
+}
+
+// inFlightLocked counts the nodes of pool in the pipeline, other than self: those the census
 // saw and those reserved since. gateMu must be held.
-func (c *Controller) inFlightLocked(cs *census, policy, self string) int {
+func (c *Controller) inFlightLocked(cs *census, pool, self string) int {
 	names := map[string]bool{}
 	for n, p := range cs.inFlight {
-		if p == policy && n != self {
+		if p == pool && n != self {
 			names[n] = true
 		}
 	}
 	for n, r := range c.reservations {
-		if r.policy == policy && n != self {
+		if r.pool == pool && n != self {
 			names[n] = true
 		}
 	}
 	return len(names)
 }
 
-// reserve counts node as in flight until the cache shows its mark. gateMu must be held.
-func (c *Controller) reserveLocked(node string, policy string, now time.Time) {
-	c.reservations[node] = reservation{policy: policy, at: now}
+// reserveLocked counts node as in flight in pool until the cache shows its mark. gateMu must
+// be held.
+func (c *Controller) reserveLocked(node string, pool string, now time.Time) {
+	c.reservations[node] = reservation{pool: pool, at: now}
+}
+
+// unreserve gives a reservation back (the node was not marked after all).
+func (c *Controller) unreserve(node string) {
+	c.gateMu.Lock()
+	delete(c.reservations, node)
+	c.gateMu.Unlock()
 }
 
 // takeTermination takes a token from the termination rate limiter, or returns how long until

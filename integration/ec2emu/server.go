@@ -92,8 +92,11 @@ type Server struct {
 	mu             sync.Mutex
 	order          []string // instance IDs in the order they were added: the listing order
 	instances      map[string]*record
-	throttle       map[string]int // action ("" for any) → calls left to throttle; negative: forever
+	throttle       map[string]int       // action ("" for any) → calls left to throttle; negative: forever
+	throttleUntil  map[string]time.Time // action ("" for any) → throttled until then (Config.Clock)
 	unauthorized   map[string]bool
+	deniedIDs      map[string]bool  // instance IDs TerminateInstances is not allowed to name
+	holds          map[string]*hold // instance ID → TerminateInstances calls naming it are held
 	latency        time.Duration
 	notFoundAfter  bool
 	calls          map[string]int
@@ -124,12 +127,15 @@ func New(cfg Config) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Server{
-		cfg:          cfg,
-		log:          log,
-		instances:    map[string]*record{},
-		throttle:     map[string]int{},
-		unauthorized: map[string]bool{},
-		calls:        map[string]int{},
+		cfg:           cfg,
+		log:           log,
+		instances:     map[string]*record{},
+		throttle:      map[string]int{},
+		throttleUntil: map[string]time.Time{},
+		unauthorized:  map[string]bool{},
+		deniedIDs:     map[string]bool{},
+		holds:         map[string]*hold{},
+		calls:         map[string]int{},
 	}
 }
 
@@ -248,6 +254,97 @@ func (s *Server) Throttle(action string, n int) {
 		return
 	}
 	s.throttle[action] = n
+}
+
+// ThrottleFor answers every call of action (every action when empty) with
+// RequestLimitExceeded for d from now (Config.Clock): a throttling storm of a set length, as
+// when another tool in the account floods the API. A d of zero or less ends the storm.
+func (s *Server) ThrottleFor(action string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d <= 0 {
+		delete(s.throttleUntil, action)
+		return
+	}
+	s.throttleUntil[action] = s.cfg.Clock.Now().Add(d)
+}
+
+// SetUnauthorizedInstance makes TerminateInstances calls that name id fail as a whole with
+// UnauthorizedOperation (HTTP 403), as EC2 does when the caller's IAM policy allows the action
+// only on some resources (a tag condition, say). DescribeInstances is unaffected: it does not
+// support resource-level permissions.
+func (s *Server) SetUnauthorizedInstance(id string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.deniedIDs[id] = true
+	} else {
+		delete(s.deniedIDs, id)
+	}
+}
+
+// HoldMode says where HoldTerminate stops a TerminateInstances call.
+type HoldMode int
+
+const (
+	// HoldBeforeAccept holds the call before EC2 acts on it: nothing is terminated until the
+	// hold is released, and nothing at all if the caller gives up (or dies) meanwhile.
+	HoldBeforeAccept HoldMode = iota + 1
+	// HoldAfterAccept carries the termination out, then holds the response: the caller never
+	// learns that EC2 accepted if it dies meanwhile.
+	HoldAfterAccept
+)
+
+type hold struct {
+	mode    HoldMode
+	release chan struct{}
+	arrived chan struct{} // closed when a call naming the instance reached the hold
+	once    sync.Once
+}
+
+// HoldTerminate holds TerminateInstances calls naming id as mode says, until ReleaseHold. It
+// lets a test kill the caller at the exact moment before or after EC2 accepted a termination.
+// The returned channel is closed when a call reaches the hold.
+func (s *Server) HoldTerminate(id string, mode HoldMode) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := &hold{mode: mode, release: make(chan struct{}), arrived: make(chan struct{})}
+	s.holds[id] = h
+	return h.arrived
+}
+
+// ReleaseHold lets the calls held for id go on and removes the hold.
+func (s *Server) ReleaseHold(id string) {
+	s.mu.Lock()
+	h := s.holds[id]
+	delete(s.holds, id)
+	s.mu.Unlock()
+	if h != nil {
+		close(h.release)
+	}
+}
+
+// holdFor returns the hold of mode among ids, if any.
+func (s *Server) holdFor(ids []string, mode HoldMode) *hold {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if h := s.holds[id]; h != nil && h.mode == mode {
+			return h
+		}
+	}
+	return nil
+}
+
+// wait blocks on h until it is released or ctx ends (the caller went away).
+func (h *hold) wait(ctx context.Context) error {
+	h.once.Do(func() { close(h.arrived) })
+	select {
+	case <-h.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // SetLatency delays every call by d before it is handled (0 removes the delay). The delay is
@@ -404,9 +501,22 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, reqID string) (s
 		if err != nil {
 			return action, nil, asAPIError(err)
 		}
+		if e := s.denied(ids); e != nil {
+			return action, ids, e
+		}
+		if h := s.holdFor(ids, HoldBeforeAccept); h != nil {
+			if err := h.wait(r.Context()); err != nil {
+				return action, ids, &apiError{status: 400, code: "RequestCanceled", message: err.Error()}
+			}
+		}
 		resp, e := s.terminate(ids, dryRun, reqID)
 		if e != nil {
 			return action, ids, e
+		}
+		if h := s.holdFor(ids, HoldAfterAccept); h != nil {
+			if err := h.wait(r.Context()); err != nil {
+				return action, ids, &apiError{status: 400, code: "RequestCanceled", message: err.Error()}
+			}
 		}
 		writeXML(w, http.StatusOK, resp)
 		return action, ids, nil
@@ -492,11 +602,33 @@ func (s *Server) sleep(ctx context.Context) error {
 	}
 }
 
+// denied returns UnauthorizedOperation when ids name an instance SetUnauthorizedInstance denies.
+func (s *Server) denied(ids []string) *apiError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if s.deniedIDs[id] {
+			return &apiError{status: http.StatusForbidden, code: "UnauthorizedOperation",
+				message: "You are not authorized to perform this operation. Encoded authorization failure message: denied for " + id}
+		}
+	}
+	return nil
+}
+
 // injectedFault returns the throttling or authorization fault configured for action, if any.
 // Throttling comes first: EC2 throttles a request before it evaluates its permissions.
 func (s *Server) injectedFault(action string) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.cfg.Clock.Now()
+	for _, key := range []string{action, ""} {
+		if until, ok := s.throttleUntil[key]; ok {
+			if now.Before(until) {
+				return &apiError{status: http.StatusServiceUnavailable, code: "RequestLimitExceeded", message: "Request limit exceeded."}
+			}
+			delete(s.throttleUntil, key)
+		}
+	}
 	for _, key := range []string{action, ""} {
 		n, ok := s.throttle[key]
 		if !ok {

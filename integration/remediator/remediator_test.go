@@ -495,7 +495,8 @@ func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
 	a := e.addNode("us-east-1a")
 	e.addNode("us-east-1a")
 	pod := e.podOn(a.name, true)
-	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
+	// The drain timeout bounds a do-not-disrupt pod too; with onTimeout Wait it keeps holding.
+	r := e.startReplica("replica-a", e.config(false, strings.Replace(terminatePolicy, "onTimeout: Proceed", "onTimeout: Wait", 1)))
 	e.waitReady(r)
 	time.Sleep(2 * leaseSeconds * time.Second)
 	a.set(false, false)
@@ -508,7 +509,7 @@ func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
 	if !obj.Spec.Unschedulable || !slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool { return t.Key == remediateTaint }) {
 		t.Errorf("draining node should be cordoned and tainted %s: unschedulable=%v taints=%v", remediateTaint, obj.Spec.Unschedulable, obj.Spec.Taints)
 	}
-	// The drain timeout is 20 s with onTimeout Proceed, but a do-not-disrupt pod holds it.
+	// The drain timeout is 20 s with onTimeout Wait: the do-not-disrupt pod holds it past that.
 	e.never("termination while a do-not-disrupt pod runs", 25*time.Second, func(context.Context) bool {
 		return e.terminations(a.instanceID) > 0
 	})

@@ -135,6 +135,8 @@ const (
 	// DefaultStartupTaint is the readiness taint the agent removes once the node is really
 	// ready; still carrying it at the startup deadline means the node never became ready.
 	DefaultStartupTaint = "readiness.k8s.io/nodevigil-agent-not-ready"
+	// DefaultPoolLabel is Karpenter's NodePool label: the pool a node was launched for.
+	DefaultPoolLabel = "karpenter.sh/nodepool"
 )
 
 // Default thresholds, as the strings a user would write.
@@ -163,6 +165,11 @@ type RemediatorConfig struct {
 	ZonePauseThreshold *intstr.IntOrString `json:"zonePauseThreshold,omitempty"`
 	// ClusterPauseThreshold is the same for the whole cluster.
 	ClusterPauseThreshold *intstr.IntOrString `json:"clusterPauseThreshold,omitempty"`
+	// PoolLabel is the Node label whose value names a node's pool: maxUnhealthy and
+	// maxInFlight count per distinct (policy, value), so one policy that spans many pools
+	// cannot let one pool's trouble use up another's budget. Nodes without the label count
+	// under the policy alone. Default karpenter.sh/nodepool.
+	PoolLabel string `json:"poolLabel,omitempty"`
 	// Policies are matched in order; the first whose nodeSelector matches a node applies.
 	Policies []PolicySpec `json:"policies,omitempty"`
 }
@@ -227,12 +234,15 @@ type TolerationsSpec struct {
 type DrainSpec struct {
 	// Enabled evicts the pods before terminating. Default true.
 	Enabled *bool `json:"enabled,omitempty"`
-	// Timeout bounds the drain, from its start. Default 10m.
+	// Timeout bounds the drain, from its start: refused evictions and do-not-disrupt pods
+	// included. Default 10m.
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
-	// HonorDoNotDisrupt leaves pods annotated karpenter.sh/do-not-disrupt=true alone and
-	// waits for them, whatever the timeout. Default true.
+	// HonorDoNotDisrupt leaves pods annotated karpenter.sh/do-not-disrupt=true alone: they are
+	// not evicted and hold the drain until they leave or the drain timeout passes; then
+	// OnTimeout decides. Default true.
 	HonorDoNotDisrupt *bool `json:"honorDoNotDisrupt,omitempty"`
-	// OnTimeout is Proceed (default: terminate anyway) or Wait (keep retrying).
+	// OnTimeout is Proceed (default: terminate anyway, do-not-disrupt pods included) or Wait
+	// (keep retrying; the node keeps its in-flight slot).
 	OnTimeout OnTimeout `json:"onTimeout,omitempty"`
 }
 
@@ -245,7 +255,9 @@ type Config struct {
 	TerminationRateLimit  RateLimit
 	ZonePauseThreshold    intstr.IntOrString
 	ClusterPauseThreshold intstr.IntOrString
-	Policies              []Policy
+	// PoolLabel is the label whose value splits a policy's nodes into pools for the caps.
+	PoolLabel string
+	Policies  []Policy
 }
 
 // RateLimit is the resolved termination rate limit.
@@ -302,6 +314,18 @@ func (c *Config) PolicyFor(nodeLabels map[string]string) *Policy {
 	}
 	// Unreachable for a Config built by this package: the default policy matches everything.
 	return &c.Policies[len(c.Policies)-1]
+}
+
+// PoolOf returns the key the caps of policy p count node under: the policy name, and the value
+// of PoolLabel when the node carries it ("general/spot-a"), so that maxUnhealthy and
+// maxInFlight hold per pool even when one policy selects several pools.
+func (c *Config) PoolOf(p *Policy, nodeLabels map[string]string) string {
+	if c.PoolLabel != "" {
+		if v := nodeLabels[c.PoolLabel]; v != "" {
+			return p.Name + "/" + v
+		}
+	}
+	return p.Name
 }
 
 // AllowedUnhealthy returns how many of total nodes may be unhealthy before the pool is paused,

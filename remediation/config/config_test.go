@@ -64,6 +64,15 @@ func TestLoadFull(t *testing.T) {
 	if c.ZonePauseThreshold.String() != "40%" || c.ClusterPauseThreshold != intstr.FromInt32(5) {
 		t.Errorf("thresholds = %s %s", c.ZonePauseThreshold.String(), c.ClusterPauseThreshold.String())
 	}
+	if c.PoolLabel != "eks.amazonaws.com/nodegroup" {
+		t.Errorf("poolLabel = %q", c.PoolLabel)
+	}
+	if got := c.PoolOf(&c.Policies[1], map[string]string{"eks.amazonaws.com/nodegroup": "spot"}); got != "general/spot" {
+		t.Errorf("PoolOf with the label = %q, want general/spot", got)
+	}
+	if got := c.PoolOf(&c.Policies[1], nil); got != "general" {
+		t.Errorf("PoolOf without the label = %q, want the policy name", got)
+	}
 	if len(c.Policies) != 4 {
 		t.Fatalf("got %d policies, want 3 + default", len(c.Policies))
 	}
@@ -168,6 +177,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", "", []string{"empty document"}},
 		{"not yaml", "a: [", []string{"not valid YAML"}},
 		{"duplicate key", head + "dryRun: true\ndryRun: false\n", []string{"not valid YAML", "dryRun"}},
+		{"bad pool label", head + "poolLabel: \"not a/label/key\"\n", []string{`poolLabel: "not a/label/key" is not a label key`}},
 		{"unknown top-level field", head + "dryrun: false\n", []string{"dryrun: unknown field; known fields here are", "dryRun"}},
 		{"unknown nested field", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations:\n    silentnode: 1m\n", []string{"policies[0].tolerations.silentnode: unknown field"}},
 		{"unknown drain field", head + "policies:\n- name: a\n  nodeSelector: x=y\n  drain: {timout: 1m}\n", []string{"policies[0].drain.timout: unknown field"}},

@@ -41,6 +41,13 @@ func resolve(doc *RemediatorConfig) (*Config, error) {
 		TerminationRateLimit:  RateLimit{PerMinute: DefaultRatePerMinute, Burst: DefaultRateBurst},
 		ZonePauseThreshold:    DefaultZonePauseThreshold,
 		ClusterPauseThreshold: DefaultClusterPauseThreshold,
+		PoolLabel:             DefaultPoolLabel,
+	}
+	if doc.PoolLabel != "" {
+		if msgs := validation.IsQualifiedName(doc.PoolLabel); len(msgs) > 0 {
+			fail("poolLabel", "%q is not a label key: %s; e.g. karpenter.sh/nodepool or eks.amazonaws.com/nodegroup", doc.PoolLabel, strings.Join(msgs, "; "))
+		}
+		c.PoolLabel = doc.PoolLabel
 	}
 	if doc.DryRun != nil {
 		c.DryRun = *doc.DryRun

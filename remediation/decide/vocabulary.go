@@ -109,3 +109,19 @@ func DoNotRemediate(node *corev1.Node) bool {
 	v, ok := node.Annotations[AnnotationDoNotRemediate]
 	return ok && v != "false"
 }
+
+// The Blocked record, written by the pipeline (not by Decide) when remediation of a node hit
+// an obstacle retrying cannot remove — the instance is not the cluster's, the IAM policy
+// refuses, the providerID is not an EC2 one, the instance does not exist. A Blocked node has
+// been handed back (no phase, no cordon or taint of ours) so it holds no in-flight slot; the
+// pipeline looks at it again only after its recheck interval, or at once when its providerID
+// changes.
+const (
+	// AnnotationBlocked holds the block reason (a CamelCase word, e.g. InstanceNotOwned).
+	AnnotationBlocked = "nodevigil.io/remediation-blocked"
+	// AnnotationBlockedAt is when the node was blocked (RFC 3339); the recheck runs from it.
+	AnnotationBlockedAt = "nodevigil.io/remediation-blocked-at"
+	// AnnotationBlockedProviderID is the spec.providerID the block was judged on, so a fixed
+	// providerID is rechecked at once.
+	AnnotationBlockedProviderID = "nodevigil.io/remediation-blocked-provider-id"
+)

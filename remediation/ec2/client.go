@@ -308,6 +308,43 @@ func (c *Client) instance(in types.Instance) Instance {
 	return out
 }
 
+// Kinds of failure ErrorKind reports. The values are those of remediation.CloudError's Kind,
+// so the binary's adapter passes them through unchanged.
+const (
+	KindThrottled    = "Throttled"
+	KindServer       = "ServerError"
+	KindTimeout      = "Timeout"
+	KindUnauthorized = "Unauthorized"
+	KindOther        = "Other"
+)
+
+// ErrorKind classifies an error returned by Describe or Terminate (or an Outcome's Err): what
+// the caller should do about it. Throttled (RequestLimitExceeded after the retryer gave up),
+// ServerError (an HTTP 5xx) and Timeout are transient; Unauthorized is not fixed by retrying.
+func ErrorKind(err error) string {
+	if err == nil {
+		return ""
+	}
+	if errors.Is(err, ErrUnauthorized) {
+		return KindUnauthorized
+	}
+	switch apiCode(err) {
+	case codeThrottled:
+		return KindThrottled
+	case codeUnauthorized:
+		return KindUnauthorized
+	}
+	var re interface{ HTTPStatusCode() int }
+	if errors.As(err, &re) && re.HTTPStatusCode() >= 500 {
+		return KindServer
+	}
+	var timeout interface{ Timeout() bool }
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &timeout) && timeout.Timeout()) {
+		return KindTimeout
+	}
+	return KindOther
+}
+
 // apiCode returns the EC2 error code carried by err, or "".
 func apiCode(err error) string {
 	var apiErr smithy.APIError

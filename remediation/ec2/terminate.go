@@ -38,6 +38,11 @@ const (
 	ResultFailed Result = "Failed"
 )
 
+// maxUnauthorizedSplit is the largest batch that is split in halves when EC2 refuses it with
+// UnauthorizedOperation, to find the instances the IAM policy refuses. Batches are small in
+// practice (the termination rate limit's burst bounds them).
+const maxUnauthorizedSplit = 16
+
 // Succeeded reports whether r means the instance is on its way out.
 func (r Result) Succeeded() bool {
 	return r == ResultTerminating || r == ResultAlreadyTerminated
@@ -149,6 +154,14 @@ func (c *Client) terminateBatch(ctx context.Context, ids []string, outcomes map[
 		}
 		switch code := apiCode(err); code {
 		case codeUnauthorized:
+			if len(ids) > 1 && len(ids) <= maxUnauthorizedSplit {
+				// An IAM policy with a resource condition (a tag, say) refuses the whole call
+				// for one instance it does not allow; isolate it so the others are not
+				// refused with it. Large batches are not split: an account-wide refusal
+				// would cost two calls per ID.
+				half := len(ids) / 2
+				return errors.Join(c.terminateBatch(ctx, ids[:half], outcomes), c.terminateBatch(ctx, ids[half:], outcomes))
+			}
 			err = fmt.Errorf("ec2: terminate instances: %w: %w", ErrUnauthorized, err)
 			c.log.Error("ec2 refused to terminate instances", "err", err, "instance_id", strings.Join(ids, ","))
 			for _, id := range ids {

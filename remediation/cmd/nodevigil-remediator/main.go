@@ -257,24 +257,37 @@ func (e ec2Cloud) Terminate(ctx context.Context, id string) (remediation.Termina
 	o, err := e.batcher.Terminate(ctx, id)
 	if o.Result == "" {
 		// No outcome at all: the call failed as a whole (or ctx ended).
-		return remediation.TerminateOutcome{}, err
+		return remediation.TerminateOutcome{}, classify(err)
 	}
-	return remediation.TerminateOutcome{
+	out := remediation.TerminateOutcome{
 		Result:        remediation.TerminateResult(o.Result),
 		PreviousState: o.PreviousState,
 		CurrentState:  o.CurrentState,
 		Err:           o.Err,
-	}, nil
+	}
+	if o.Result == ec2.ResultFailed {
+		out.Err = classify(o.Err)
+	}
+	return out, nil
 }
 
 func (e ec2Cloud) Describe(ctx context.Context, id string) (remediation.Instance, bool, error) {
 	m, err := e.client.Describe(ctx, []string{id})
 	if err != nil {
-		return remediation.Instance{}, false, err
+		return remediation.Instance{}, false, classify(err)
 	}
 	inst, ok := m[id]
 	if !ok {
 		return remediation.Instance{}, false, nil
 	}
 	return remediation.Instance{ID: inst.ID, State: inst.State, Zone: inst.Zone, Owned: inst.Owned}, true, nil
+}
+
+// classify wraps an ec2 error in a remediation.CloudError, so the pipeline tells a refusal
+// (Unauthorized) from a transient failure without knowing the AWS SDK.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &remediation.CloudError{Kind: ec2.ErrorKind(err), Err: err}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -98,9 +100,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 		want string // "" means rendering must succeed
 	}{
 		{"defaults", nil, ""},
-		{"typo at top level", []string{"agent.tolerationz[0].operator=Exists"}, "Additional property tolerationz is not allowed"},
-		{"typo nested", []string{"remediator.podDisruptionBudget.minAvaliable=1"}, "Additional property minAvaliable is not allowed"},
-		{"wrong type", []string{"remediator.replicas=two"}, "remediator.replicas"},
+		{"typo at top level", []string{"agent.tolerationz[0].operator=Exists"}, "at '/agent': additional properties 'tolerationz' not allowed"},
+		{"typo nested", []string{"remediator.podDisruptionBudget.minAvaliable=1"}, "at '/remediator/podDisruptionBudget': additional properties 'minAvaliable' not allowed"},
+		{"wrong type", []string{"remediator.replicas=two"}, "at '/remediator/replicas': got string, want integer"},
 		{"live without cluster name", []string{"remediator.dryRun=false"}, "remediator.clusterName is empty but remediator.dryRun is false"},
 		{"live with cluster name", []string{"remediator.dryRun=false", "remediator.clusterName=prod"}, ""},
 		{"node.kubernetes.io taint", []string{"agent.ownedTaints[0]=node.kubernetes.io/not-ready"}, `"node.kubernetes.io/not-ready" is a Kubernetes system taint`},
@@ -111,11 +113,11 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"own readiness taint", []string{"agent.ownedTaints[0]=readiness.k8s.io/example"}, ""},
 		{"own domain taint", []string{"agent.ownedTaints[0]=example.com/not-ready"}, ""},
 		{"Ready condition", []string{"agent.conditionTypes[0]=Ready"}, `"Ready" is a built-in Node condition`},
-		{"MemoryPressure condition", []string{"agent.conditionTypes[1]=MemoryPressure"}, `"MemoryPressure" is a built-in Node condition`},
+		{"MemoryPressure condition", []string{"agent.conditionTypes={KubeletHealthy,MemoryPressure}"}, `"MemoryPressure" is a built-in Node condition`},
 		{"both PDB fields", []string{"remediator.podDisruptionBudget.minAvailable=1"}, "set maxUnavailable or minAvailable, not both"},
 		{"PDB minAvailable alone", []string{"remediator.podDisruptionBudget.minAvailable=1", "remediator.podDisruptionBudget.maxUnavailable=null"}, ""},
 		{"memory limit GOMEMLIMIT cannot parse", []string{"remediator.resources.limits.memory=0.5Gi"}, "remediator.resources.limits.memory \"0.5Gi\""},
-		{"bad digest", []string{"agent.image.digest=sha256:abc"}, "agent.image.digest"},
+		{"bad digest", []string{"agent.image.digest=sha256:abc"}, "at '/agent/image/digest'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := template(t, tc.sets...)
@@ -170,7 +172,7 @@ func TestChartFromOCIRegistry(t *testing.T) {
 		t.Fatalf("package.sh did not write %s: %v", tgz, err)
 	}
 
-	srv := httptest.NewServer(registry.New(registry.Logger(nil)))
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(srv.Close)
 	repo := "oci://" + strings.TrimPrefix(srv.URL, "http://") + "/charts"
 	if out, err := helm(t, "push", tgz, repo, "--plain-http"); err != nil {
@@ -198,7 +200,7 @@ func TestChartFromOCIRegistry(t *testing.T) {
 
 	out := install("agent.image.digest=" + digest)
 	for _, want := range []string{
-		"CHART VERSION: 0.1.0-test", "APP VERSION: " + appVersion,
+		"helm.sh/chart: nodevigil-0.1.0-test", `app.kubernetes.io/version: "` + appVersion + `"`,
 		`image: "ghcr.io/nodevigil/nodevigil-agent@` + digest + `"`,
 		`image: "ghcr.io/nodevigil/nodevigil-remediator:` + appVersion + `"`,
 		"kind: DaemonSet", "kind: ValidatingAdmissionPolicy",

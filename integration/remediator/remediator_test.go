@@ -177,13 +177,6 @@ type simNode struct {
 	skew       time.Duration // added to the renewTime the node's "clock" writes
 }
 
-// setSkew sets the node's clock offset: its Leases claim renewal times off by d.
-func (n *simNode) setSkew(d time.Duration) {
-	n.mu.Lock()
-	n.skew = d
-	n.mu.Unlock()
-}
-
 func (n *simNode) clock() time.Time {
 	n.mu.Lock()
 	defer n.mu.Unlock()

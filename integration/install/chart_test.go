@@ -139,9 +139,13 @@ func TestChartRefusesBadValues(t *testing.T) {
 
 // TestChartGOMEMLIMIT checks the soft memory limit is 90 % of each container's memory limit.
 func TestChartGOMEMLIMIT(t *testing.T) {
-	out, err := template(t, "agent.resources.limits.memory=100Mi", "remediator.resources.limits.memory=1Gi")
+	out, err := template(t, "agent.resources.limits.memory=100Mi", "agent.resources.requests.memory=100Mi", "remediator.resources.limits.memory=1Gi")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, out)
+	}
+	// The agent must stay Guaranteed QoS: a limit without the same request is refused.
+	if bad, err := template(t, "agent.resources.limits.memory=100Mi"); err == nil || !strings.Contains(bad, "Guaranteed QoS") {
+		t.Errorf("agent limit without an equal request should fail naming Guaranteed QoS; err=%v\n%s", err, bad)
 	}
 	for _, want := range []string{
 		"name: GOMEMLIMIT\n              value: \"94371840\"",  // 90 % of 100Mi

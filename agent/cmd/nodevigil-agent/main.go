@@ -33,7 +33,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -51,6 +50,8 @@ import (
 	"github.com/nodevigil/nodevigil/collectors/memory"
 
 	// Mozilla's CA roots, used only when the system has none (the scratch image has none).
+	buildinfo "github.com/nodevigil/nodevigil/version"
+
 	_ "golang.org/x/crypto/x509roots/fallback"
 )
 
@@ -61,20 +62,7 @@ var (
 )
 
 // versionLine is what `version` and `--version` print: version, commit and Go version.
-func versionLine() string {
-	c := commit
-	if bi, ok := debug.ReadBuildInfo(); ok && c == "" {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				c = s.Value
-			}
-		}
-	}
-	if c == "" {
-		c = "unknown"
-	}
-	return fmt.Sprintf("nodevigil-agent %s (commit %s, %s)", version, c, runtime.Version())
-}
+func versionLine() string { return buildinfo.Line("nodevigil-agent", version, commit) }
 
 // Exit codes.
 const (

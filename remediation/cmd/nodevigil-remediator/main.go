@@ -19,8 +19,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -36,6 +34,8 @@ import (
 
 	// Mozilla's CA roots, used only when the system has none (the scratch image has none),
 	// so the EC2 client verifies the AWS endpoint's certificate.
+	buildinfo "github.com/nodevigil/nodevigil/version"
+
 	_ "golang.org/x/crypto/x509roots/fallback"
 )
 
@@ -46,20 +46,7 @@ var (
 )
 
 // versionLine is what --version prints: version, commit and Go version.
-func versionLine() string {
-	c := commit
-	if bi, ok := debug.ReadBuildInfo(); ok && c == "" {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				c = s.Value
-			}
-		}
-	}
-	if c == "" {
-		c = "unknown"
-	}
-	return fmt.Sprintf("nodevigil-remediator %s (commit %s, %s)", version, c, runtime.Version())
-}
+func versionLine() string { return buildinfo.Line("nodevigil-remediator", version, commit) }
 
 // Events get their own client and rate limit (see remediation.Config.EventClient).
 const (

@@ -28,10 +28,11 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## Build nodevigil-agent and nodevigil-remediator into bin/ (static, as in the images).
+build: ## Build nodevigil-agent, nodevigil-remediator and kubectl-nodevigil into bin/ (static).
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/nodevigil-agent ./agent/cmd/nodevigil-agent
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/nodevigil-remediator ./remediation/cmd/nodevigil-remediator
+	CGO_ENABLED=0 $(GO) build -ldflags '-s -w' -o $(BIN)/kubectl-nodevigil ./kubectl-nodevigil
 
 .PHONY: test
 test: control-plane ## Unit and integration tests, with -race (builds the control plane on first use).

@@ -65,18 +65,9 @@ type reservation struct {
 // (the node was deleted, say).
 const reservationTTL = 5 * time.Minute
 
-// inPipeline reports whether a node in phase counts against maxInFlight: marked, cordoned,
-// draining (however long the drain waits) or terminating. A CordonOnly node that is cordoned
-// has finished its pipeline: counting it would let a CordonOnly pool cordon one node ever.
-func inPipeline(phase decide.Phase, p *config.Policy) bool {
-	switch phase {
-	case decide.PhaseMarked, decide.PhaseTerminating:
-		return true
-	case decide.PhaseCordoned, decide.PhaseDraining:
-		return p.Action != config.ActionCordonOnly
-	}
-	return false
-}
+// inPipeline reports whether a node in phase counts against maxInFlight (see
+// decide.Phase.HoldsSlot).
+func inPipeline(phase decide.Phase, p *config.Policy) bool { return phase.HoldsSlot(p.Action) }
 
 // blockedReason returns the reason of a node recorded Blocked and not (again) in the pipeline.
 func blockedReason(node *corev1.Node) string {

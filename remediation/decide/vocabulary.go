@@ -2,6 +2,8 @@ package decide
 
 import (
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nodevigil/nodevigil/remediation/config"
 )
 
 // Annotations and the taint the remediator reads and writes on Nodes. The remediation record
@@ -88,6 +90,20 @@ func (p Phase) Releasable() bool {
 // PastPointOfNoReturn reports whether the termination has been requested.
 func (p Phase) PastPointOfNoReturn() bool {
 	return p == PhaseTerminating || p == PhaseTerminated
+}
+
+// HoldsSlot reports whether a node in phase p counts against its pool's maxInFlight under a
+// policy with action a: marked, cordoned, draining (however long the drain waits) or
+// terminating. A CordonOnly node that is cordoned has finished its pipeline: counting it would
+// let a CordonOnly pool cordon one node ever.
+func (p Phase) HoldsSlot(a config.Action) bool {
+	switch p {
+	case PhaseMarked, PhaseTerminating:
+		return true
+	case PhaseCordoned, PhaseDraining:
+		return a != config.ActionCordonOnly
+	}
+	return false
 }
 
 // PhaseOf reads the recorded phase of node. An unknown value is reported as Marked so that the

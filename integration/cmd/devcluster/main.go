@@ -134,12 +134,14 @@ nodevigil is running locally:
   kubeconfig: %[7]s
   try:  kubectl --kubeconfig %[7]s get node %[4]s -o yaml
         kubectl --kubeconfig %[7]s get events -A
+        %[8]s --kubeconfig %[7]s -n %[9]s status          (and: explain %[4]s)
         curl -s http://%[5]s/metrics | grep nodevigil_
   The agent runs against this machine's real /proc and CNI directories. There is no kubelet
   here, so the Node turns Ready=Unknown and the agent says what it sees (KubeletHealthy,
   NetworkingReady); the remediator, in dry-run, records what it would do about it.
 Ctrl-C stops everything.
-`, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath())
+`, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath(),
+		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace)
 
 	select {
 	case <-ctx.Done():

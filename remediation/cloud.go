@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"regexp"
 	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Cloud is the part of EC2 the pipeline needs, one instance at a time. It is declared here, where
@@ -131,4 +135,59 @@ func ParseProviderID(providerID string) (zone, instanceID string, err error) {
 		return "", "", fmt.Errorf("provider ID %q: %q is not an EC2 instance ID (want \"i-\" and 8 or 17 lower-case hex digits)", providerID, instanceID)
 	}
 	return zone, instanceID, nil
+}
+
+// retryLater counts a transient cloud failure and returns when to try again: exponential
+// backoff per node (DefaultCloudBackoffBase doubling up to DefaultCloudBackoffMax) with ±20%
+// jitter, so that many nodes failing together (a throttling storm) do not retry in lockstep.
+func (c *Controller) retryLater(node *corev1.Node, op string, err error) time.Duration {
+	kind := c.countCloudError(op, err)
+	c.mu.Lock()
+	m := c.memoryLocked(node.Name)
+	n := m.cloudFailures
+	m.cloudFailures++
+	c.mu.Unlock()
+	delay := DefaultCloudBackoffMax
+	if n < 16 {
+		delay = min(DefaultCloudBackoffBase<<n, DefaultCloudBackoffMax)
+	}
+	delay = time.Duration(float64(delay) * (0.8 + 0.4*rand.Float64()))
+	c.log.Warn("cloud call failed; retrying with backoff", "node", node.Name, "operation", op, "reason", kind, "err", err, "retry_in", delay.Round(time.Millisecond))
+	return delay
+}
+
+// countCloudError counts a failed cloud call and returns its kind.
+func (c *Controller) countCloudError(op string, err error) string {
+	kind := cloudErrorKind(err)
+	c.metrics.cloudErrors.WithLabelValues(op, kind).Inc()
+	return kind
+}
+
+// cloudSucceeded resets the node's backoff and NotFound confirmation.
+func (c *Controller) cloudSucceeded(name string) {
+	c.mu.Lock()
+	if m, ok := c.memory[name]; ok {
+		m.cloudFailures = 0
+		m.notFoundSince = time.Time{}
+	}
+	c.mu.Unlock()
+}
+
+// notFoundSince returns since when the node's instance has been seen NotFound, starting now.
+func (c *Controller) notFoundSince(name string, now time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.memoryLocked(name)
+	if m.notFoundSince.IsZero() {
+		m.notFoundSince = now
+	}
+	return m.notFoundSince
+}
+
+func (c *Controller) clearNotFound(name string) {
+	c.mu.Lock()
+	if m, ok := c.memory[name]; ok {
+		m.notFoundSince = time.Time{}
+	}
+	c.mu.Unlock()
 }

@@ -26,6 +26,19 @@
 //
 // New builds a Controller from a Config and Run runs it until its context ends or it loses
 // leadership, so tests and the binary run exactly the same code.
+//
+// The files follow the steps a node goes through:
+//
+//   - controller.go: Config, New, Run, leader election, the workers (the frame).
+//   - observe.go: observe — the informers, the Lease observers (by this replica's clock), the
+//     agents-missing check.
+//   - decide.go: decide — the caches turned into a decide.Input, the decision reported and
+//     handed to the act step (the judgement itself is the pure package remediation/decide).
+//   - safety.go: the rails every step checks (pauses, per-pool caps, in-flight, rate limit).
+//   - pipeline.go: act — the state machine and the guarded Node patch; its steps are in
+//     cordon.go (mark, verify, cordon), drain.go, terminate.go (intent, TerminateInstances,
+//     confirm, delete the Node), release.go (release, Blocked) and dryrun.go.
+//   - cloud.go: the Cloud seam, error kinds and the per-node backoff of cloud calls.
 package remediation
 
 import (
@@ -45,9 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -214,30 +225,6 @@ type Controller struct {
 	reservations map[string]reservation
 }
 
-// nodeMemory is what the controller remembers about a node between reconciles, only to report
-// changes once (Events, counters); decisions never depend on it.
-type nodeMemory struct {
-	action    decide.Action
-	reason    string
-	block     string
-	detected  map[string]bool
-	unhealthy bool
-	// cloudFailures counts consecutive transient cloud failures, for the backoff.
-	cloudFailures int
-	// notFoundSince is when the instance was first seen NotFound while verifying it.
-	notFoundSince time.Time
-}
-
-// memoryLocked returns the node's memory, creating it. c.mu must be held.
-func (c *Controller) memoryLocked(name string) *nodeMemory {
-	m, ok := c.memory[name]
-	if !ok {
-		m = &nodeMemory{detected: map[string]bool{}}
-		c.memory[name] = m
-	}
-	return m
-}
-
 // New builds a Controller. It validates cfg, registers metrics and informers, and does not talk
 // to the API server until Run.
 func New(cfg Config) (*Controller, error) {
@@ -331,41 +318,8 @@ func New(cfg Config) (*Controller, error) {
 		workqueue.TypedRateLimitingQueueConfig[string]{Clock: cfg.Clock},
 	)
 
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
-	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
-		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
-	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
-		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelAgentNode }))
-	c.factories = []informers.SharedInformerFactory{nodeFactory, kubeletFactory, agentFactory}
-
-	nodeInf := nodeFactory.Core().V1().Nodes()
-	kubeletInf := kubeletFactory.Coordination().V1().Leases()
-	agentInf := agentFactory.Coordination().V1().Leases()
-	c.nodes = nodeInf.Lister()
-	c.kubeletLeases = kubeletInf.Lister().Leases(cfg.KubeletLeaseNamespace)
-	c.agentLeases = agentInf.Lister().Leases(cfg.Remediator.AgentNamespace)
-
-	regs := []struct {
-		inf cache.SharedIndexInformer
-		h   cache.ResourceEventHandler
-	}{
-		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { c.enqueueObject(obj) },
-			UpdateFunc: func(_, obj any) { c.enqueueObject(obj) },
-			DeleteFunc: c.nodeDeleted,
-		}},
-		{kubeletInf.Informer(), c.leaseHandler(c.kubeletObs, decide.DefaultKubeletLeaseDuration)},
-		{agentInf.Informer(), c.leaseHandler(c.agentObs, cfg.Remediator.AgentLeaseDuration)},
-	}
-	for _, r := range regs {
-		reg, err := r.inf.AddEventHandler(r.h)
-		if err != nil {
-			return nil, fmt.Errorf("remediation: add event handler: %w", err)
-		}
-		// Synced once the handler, not only the cache, has seen the initial list: the Lease
-		// observers must know every Lease before anything is judged.
-		c.synced = append(c.synced, reg.HasSynced)
+	if err := c.setupInformers(); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -614,235 +568,4 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		}
 	}
 	return true
-}
-
-func (c *Controller) enqueueObject(obj any) {
-	if n, ok := obj.(metav1.Object); ok {
-		c.queue.Add(n.GetName())
-	}
-}
-
-func (c *Controller) nodeDeleted(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	n, ok := obj.(metav1.Object)
-	if !ok {
-		return
-	}
-	c.forget(n.GetName())
-	c.kubeletObs.forget(n.GetName())
-	c.agentObs.forget(n.GetName())
-	c.queue.Add(n.GetName())
-}
-
-// leaseHandler records every change of a Lease in obs, by the controller's clock, and enqueues
-// the node when it can matter. Lease renewals are the bulk of all events (two per node every
-// 10 s); a renewal of a Lease that was fresh changes no decision, since the node is already
-// requeued for the moment that Lease would go stale. So an update is enqueued only when the
-// Lease had gone stale before this change (a node coming back), the node is being watched for a
-// problem, or it is a periodic resync.
-func (c *Controller) leaseHandler(obs *leaseObserver, fallback time.Duration) cache.ResourceEventHandler {
-	return cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if l, ok := obj.(*coordinationv1.Lease); ok {
-				obs.observe(l, c.clock.Now())
-			}
-			c.enqueueObject(obj)
-		},
-		UpdateFunc: func(oldObj, newObj any) {
-			o, ok1 := oldObj.(*coordinationv1.Lease)
-			n, ok2 := newObj.(*coordinationv1.Lease)
-			if !ok1 || !ok2 {
-				c.enqueueObject(newObj)
-				return
-			}
-			now := c.clock.Now()
-			changed, prev := obs.observe(n, now)
-			wasStale := changed && (prev.IsZero() || !now.Before(prev.Add(decide.StaleAfter(leaseDuration(n, fallback)))))
-			if o.ResourceVersion == n.ResourceVersion || wasStale || c.watched(n.Name) {
-				c.queue.Add(n.Name)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if l, ok := obj.(metav1.Object); ok {
-				obs.forget(l.GetName())
-			}
-			c.enqueueObject(obj)
-		},
-	}
-}
-
-// watched reports whether the node's last decision was anything but plain healthy.
-func (c *Controller) watched(name string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	m, ok := c.memory[name]
-	return !ok || m.reason != decide.ReasonHealthy
-}
-
-func (c *Controller) forget(name string) {
-	c.mu.Lock()
-	delete(c.memory, name)
-	c.mu.Unlock()
-	c.gateMu.Lock()
-	delete(c.reservations, name)
-	c.gateMu.Unlock()
-}
-
-func (c *Controller) observingSinceTime() time.Time {
-	ns := c.observingSince.Load()
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
-}
-
-// input gathers everything Decide needs about one node from the caches.
-func (c *Controller) input(node *corev1.Node, p *config.Policy, now time.Time) decide.Input {
-	in := decide.Input{
-		Node:               node,
-		Policy:             p,
-		Now:                now,
-		ObservingSince:     c.observingSinceTime(),
-		ObservePeriod:      c.observe,
-		AgentLeaseDuration: c.rc.AgentLeaseDuration,
-		NoAgents:           c.agentObs.size() == 0,
-	}
-	if l, err := c.kubeletLeases.Get(node.Name); err == nil {
-		in.KubeletLease = l
-		in.KubeletObserved = c.kubeletObs.lastChange(node.Name)
-	}
-	if l, err := c.agentLeases.Get(node.Name); err == nil {
-		in.AgentLease = l
-		in.AgentObserved = c.agentObs.lastChange(node.Name)
-	}
-	return in
-}
-
-// syncNode reconciles one node and returns when to look at it again.
-func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, error) {
-	node, err := c.nodes.Get(name)
-	if apierrors.IsNotFound(err) {
-		c.forget(name)
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("get node from cache: %w", err)
-	}
-	now := c.clock.Now()
-	p := c.rc.PolicyFor(node.Labels)
-	d := decide.Decide(c.input(node, p, now))
-	c.report(node, p, d, now)
-	if d.RecordFirstReady && c.leading.Load() {
-		if err := c.recordFirstReady(ctx, node, now); err != nil {
-			return 0, err
-		}
-	}
-
-	switch d.Action {
-	case decide.ActionRemediate:
-		if c.rc.DryRun {
-			return c.dryRun(ctx, node, p, d, now)
-		}
-		return c.remediate(ctx, node, p, d, now)
-	case decide.ActionRelease:
-		return c.release(ctx, node, d)
-	}
-	if !d.Unhealthy && d.Action == decide.ActionNone {
-		if err := c.clearDryRun(ctx, node); err != nil {
-			return 0, err
-		}
-	}
-	if d.Action == decide.ActionNone && decide.PhaseOf(node) == decide.PhaseNone {
-		// Healthy again, or an operator said do-not-remediate: the Blocked record is moot.
-		if err := c.clearBlocked(ctx, node); err != nil {
-			return 0, err
-		}
-	}
-	return d.RequeueAfter, nil
-}
-
-// report turns a change of decision into an Event, a counter increment and a log line, and
-// observes detection latency once per episode.
-func (c *Controller) report(node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) {
-	c.mu.Lock()
-	m, ok := c.memory[node.Name]
-	if !ok {
-		m = &nodeMemory{detected: map[string]bool{}}
-		c.memory[node.Name] = m
-	}
-	changed := m.action != d.Action || m.reason != d.Reason
-	first := !ok
-	wasUnhealthy := m.unhealthy
-	m.action, m.reason, m.unhealthy = d.Action, d.Reason, d.Unhealthy
-	newDetection := false
-	for _, r := range detectionReasons {
-		if d.Reason == r && !m.detected[r] {
-			m.detected[r], newDetection = true, true
-		}
-	}
-	if d.Reason == decide.ReasonHealthy {
-		clear(m.detected)
-		m.block = ""
-	}
-	c.mu.Unlock()
-
-	if newDetection && !d.Since.IsZero() && c.leading.Load() && d.Since.After(c.observingSinceTime()) {
-		c.metrics.detection.WithLabelValues(d.Reason).Observe(now.Sub(d.Since).Seconds())
-	}
-	if !changed || (first && d.Reason == decide.ReasonHealthy) {
-		return
-	}
-	c.metrics.decisions.WithLabelValues(d.Reason).Inc()
-	log := c.log.With("node", node.Name, "reason", d.Reason, "policy", p.Name, "action", string(d.Action))
-	switch {
-	case d.Reason == decide.ReasonHealthy && wasUnhealthy:
-		c.recorder.Event(node, corev1.EventTypeNormal, d.Reason, d.Message)
-		log.Info("node healthy again")
-	case eventful(d.Reason) && (d.Reason != decide.ReasonDoNotRemediate || d.Unhealthy || d.Silent):
-		c.recorder.Event(node, corev1.EventTypeWarning, d.Reason, d.Message)
-		log.Warn("decision changed", "message", d.Message)
-	default:
-		log.Debug("decision changed", "message", d.Message)
-	}
-}
-
-// eventful reasons are worth an Event on the Node when a node enters them; the others are
-// transient (startup, observation) or the steady state.
-func eventful(reason string) bool {
-	switch reason {
-	case decide.ReasonKubeletUnhealthy, decide.ReasonNodeSilent, decide.ReasonConditionUnhealthy,
-		decide.ReasonStartupDeadlineExceeded, decide.ReasonAgentSilent, decide.ReasonAgentNeverSeen,
-		decide.ReasonRemediationDisabled, decide.ReasonDoNotRemediate:
-		return true
-	}
-	return false
-}
-
-// blocked reports a step not taken, once per change of block reason for the node.
-func (c *Controller) blocked(node *corev1.Node, reason, message string) {
-	c.mu.Lock()
-	m := c.memoryLocked(node.Name)
-	changed := m.block != reason
-	m.block = reason
-	c.mu.Unlock()
-	if !changed {
-		return
-	}
-	c.metrics.blocked.WithLabelValues(reason).Inc()
-	c.recorder.Event(node, corev1.EventTypeWarning, reason, message)
-	c.log.Warn("remediation blocked", "node", node.Name, "reason", reason, "message", message)
-}
-
-// unblocked clears the node's block reason after a step succeeded.
-func (c *Controller) unblocked(name string) {
-	c.mu.Lock()
-	if m, ok := c.memory[name]; ok {
-		m.block = ""
-	}
-	c.mu.Unlock()
 }

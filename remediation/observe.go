@@ -16,12 +16,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
-// This file is the observe step: what the remediator learns from watching, by its own clock.
+// This file is the observe step: the informers (setupInformers, the event handlers that feed the
+// workqueue) and what the remediator learns from watching, by its own clock.
 //
 // A Lease's renewTime is written with the node's clock, which may be minutes off, so the
 // remediator never compares it with its own time. Like kube-controller-manager's node
@@ -217,4 +220,115 @@ func (c *Controller) readyzDetail() []string {
 		out = append(out, "warning: "+msg)
 	}
 	return slices.Clip(out)
+}
+
+// setupInformers builds the informers of Nodes, kubelet Leases and agent Leases and registers
+// the handlers that feed the Lease observers and the workqueue.
+func (c *Controller) setupInformers() error {
+	cfg := c.cfg
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
+	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
+	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
+		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelAgentNode }))
+	c.factories = []informers.SharedInformerFactory{nodeFactory, kubeletFactory, agentFactory}
+
+	nodeInf := nodeFactory.Core().V1().Nodes()
+	kubeletInf := kubeletFactory.Coordination().V1().Leases()
+	agentInf := agentFactory.Coordination().V1().Leases()
+	c.nodes = nodeInf.Lister()
+	c.kubeletLeases = kubeletInf.Lister().Leases(cfg.KubeletLeaseNamespace)
+	c.agentLeases = agentInf.Lister().Leases(cfg.Remediator.AgentNamespace)
+
+	regs := []struct {
+		inf cache.SharedIndexInformer
+		h   cache.ResourceEventHandler
+	}{
+		{nodeInf.Informer(), cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.enqueueObject(obj) },
+			UpdateFunc: func(_, obj any) { c.enqueueObject(obj) },
+			DeleteFunc: c.nodeDeleted,
+		}},
+		{kubeletInf.Informer(), c.leaseHandler(c.kubeletObs, decide.DefaultKubeletLeaseDuration)},
+		{agentInf.Informer(), c.leaseHandler(c.agentObs, cfg.Remediator.AgentLeaseDuration)},
+	}
+	for _, r := range regs {
+		reg, err := r.inf.AddEventHandler(r.h)
+		if err != nil {
+			return fmt.Errorf("remediation: add event handler: %w", err)
+		}
+		// Synced once the handler, not only the cache, has seen the initial list: the Lease
+		// observers must know every Lease before anything is judged.
+		c.synced = append(c.synced, reg.HasSynced)
+	}
+	return nil
+}
+
+func (c *Controller) enqueueObject(obj any) {
+	if n, ok := obj.(metav1.Object); ok {
+		c.queue.Add(n.GetName())
+	}
+}
+
+func (c *Controller) nodeDeleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	n, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	c.forget(n.GetName())
+	c.kubeletObs.forget(n.GetName())
+	c.agentObs.forget(n.GetName())
+	c.queue.Add(n.GetName())
+}
+
+// leaseHandler records every change of a Lease in obs, by the controller's clock, and enqueues
+// the node when it can matter. Lease renewals are the bulk of all events (two per node every
+// 10 s); a renewal of a Lease that was fresh changes no decision, since the node is already
+// requeued for the moment that Lease would go stale. So an update is enqueued only when the
+// Lease had gone stale before this change (a node coming back), the node is being watched for a
+// problem, or it is a periodic resync.
+func (c *Controller) leaseHandler(obs *leaseObserver, fallback time.Duration) cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if l, ok := obj.(*coordinationv1.Lease); ok {
+				obs.observe(l, c.clock.Now())
+			}
+			c.enqueueObject(obj)
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*coordinationv1.Lease)
+			n, ok2 := newObj.(*coordinationv1.Lease)
+			if !ok1 || !ok2 {
+				c.enqueueObject(newObj)
+				return
+			}
+			now := c.clock.Now()
+			changed, prev := obs.observe(n, now)
+			wasStale := changed && (prev.IsZero() || !now.Before(prev.Add(decide.StaleAfter(leaseDuration(n, fallback)))))
+			if o.ResourceVersion == n.ResourceVersion || wasStale || c.watched(n.Name) {
+				c.queue.Add(n.Name)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if l, ok := obj.(metav1.Object); ok {
+				obs.forget(l.GetName())
+			}
+			c.enqueueObject(obj)
+		},
+	}
+}
+
+func (c *Controller) observingSinceTime() time.Time {
+	ns := c.observingSince.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }

@@ -153,9 +153,6 @@ type Config struct {
 	// BlockedRecheck is how long a node recorded Blocked is left alone before it is verified
 	// again. Default DefaultBlockedRecheck (5m).
 	BlockedRecheck time.Duration
-	// ParseProviderID extracts zone and instance ID from spec.providerID. Default
-	// ParseProviderID.
-	ParseProviderID func(providerID string) (zone, instanceID string, err error)
 	// Clock is the time source of decisions, requeues and the rate limiter. Default real.
 	Clock clock.WithTicker
 	// Registry receives the metrics and is served on /metrics. Default a new private registry.
@@ -197,7 +194,6 @@ type Controller struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	limiter  *rate.Limiter
-	parseID  func(string) (string, string, error)
 	observe  time.Duration
 
 	factories     []informers.SharedInformerFactory
@@ -270,9 +266,6 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
-	if cfg.ParseProviderID == nil {
-		cfg.ParseProviderID = ParseProviderID
-	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -296,7 +289,6 @@ func New(cfg Config) (*Controller, error) {
 		log:          cfg.Logger,
 		registry:     cfg.Registry,
 		metrics:      m,
-		parseID:      cfg.ParseProviderID,
 		observe:      cfg.ObservePeriod,
 		limiter:      rate.NewLimiter(rate.Limit(cfg.Remediator.TerminationRateLimit.PerMinute/60), cfg.Remediator.TerminationRateLimit.Burst),
 		memory:       map[string]*nodeMemory{},

@@ -30,6 +30,7 @@ import (
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 )
 
 // t0 is the fake clock's start.
@@ -446,7 +447,7 @@ func newNode(name string, opts ...nodeOpt) *corev1.Node {
 }
 
 func instanceOf(n *corev1.Node) string {
-	_, id, _ := ParseProviderID(n.Spec.ProviderID)
+	_, id, _ := providerid.Parse(n.Spec.ProviderID)
 	return id
 }
 

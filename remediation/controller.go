@@ -20,7 +20,8 @@
 // many nodes are impaired, and a global token bucket on terminations.
 // Lease staleness is judged from when this replica saw each Lease change, by its own clock, never
 // from the renewTime a node's clock wrote (observe.go); a new leader starts observing from zero
-// and judges nothing stale before one agent Lease duration plus grace. Dry-run
+// and judges nothing stale before one agent Lease duration plus grace; so does a leader after a
+// time it could not observe (no Lease changing for a whole duration: the API server unreachable). Dry-run
 // decides, counts and records "would terminate" (an Event, a metric, a log line and the
 // nodevigil.io/dry-run-decision annotation) and changes nothing else.
 //
@@ -212,6 +213,7 @@ type Controller struct {
 	kubeletObs, agentObs *leaseObserver
 	syncedAt             atomic.Int64 // UnixNano when the informers synced; 0 before
 	agentsMissingLogged  atomic.Bool
+	blindLogged          atomic.Bool
 
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
@@ -294,8 +296,8 @@ func New(cfg Config) (*Controller, error) {
 		memory:       map[string]*nodeMemory{},
 		reservations: map[string]reservation{},
 		leHealth:     leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
-		kubeletObs:   newLeaseObserver(),
-		agentObs:     newLeaseObserver(),
+		kubeletObs:   newLeaseObserver(decide.DefaultKubeletLeaseDuration),
+		agentObs:     newLeaseObserver(cfg.Remediator.AgentLeaseDuration),
 	}
 	if err := c.registerObserveMetrics(); err != nil {
 		return nil, err

@@ -3,11 +3,8 @@ package remediation
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net"
-	"regexp"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -111,30 +108,6 @@ func cloudErrorKind(err error) string {
 // instanceGone reports whether an EC2 state proves the instance is going or gone.
 func instanceGone(state string) bool {
 	return state == "shutting-down" || state == "terminated"
-}
-
-var (
-	instanceIDPattern = regexp.MustCompile(`^i-(?:[0-9a-f]{8}|[0-9a-f]{17})$`)
-	zonePattern       = regexp.MustCompile(`^[a-z0-9-]*$`)
-)
-
-// ParseProviderID extracts the zone and EC2 instance ID from a Node's spec.providerID
-// ("aws:///<zone>/<instance-id>"; "aws:////<instance-id>" without a zone). It is strict: the
-// remediator never terminates anything on a guess. It is the default of
-// Config.ParseProviderID; the binary uses the ec2 package's parser, which has the same contract.
-func ParseProviderID(providerID string) (zone, instanceID string, err error) {
-	rest, ok := strings.CutPrefix(providerID, "aws:///")
-	if !ok {
-		return "", "", fmt.Errorf("provider ID %q is not an AWS provider ID: want \"aws:///<zone>/<instance-id>\"", providerID)
-	}
-	zone, instanceID, ok = strings.Cut(rest, "/")
-	if !ok || strings.Contains(instanceID, "/") || !zonePattern.MatchString(zone) {
-		return "", "", fmt.Errorf("provider ID %q: want exactly a zone and an instance ID after \"aws:///\"", providerID)
-	}
-	if !instanceIDPattern.MatchString(instanceID) {
-		return "", "", fmt.Errorf("provider ID %q: %q is not an EC2 instance ID (want \"i-\" and 8 or 17 lower-case hex digits)", providerID, instanceID)
-	}
-	return zone, instanceID, nil
 }
 
 // retryLater counts a transient cloud failure and returns when to try again: exponential

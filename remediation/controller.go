@@ -20,7 +20,8 @@
 // many nodes are impaired, and a global token bucket on terminations.
 // Lease staleness is judged from when this replica saw each Lease change, by its own clock, never
 // from the renewTime a node's clock wrote (observe.go); a new leader starts observing from zero
-// and judges nothing stale before one agent Lease duration plus grace. Dry-run
+// and judges nothing stale before one agent Lease duration plus grace; so does a leader after a
+// time it could not observe (no Lease changing for a whole duration: the API server unreachable). Dry-run
 // decides, counts and records "would terminate" (an Event, a metric, a log line and the
 // nodevigil.io/dry-run-decision annotation) and changes nothing else.
 //
@@ -153,9 +154,6 @@ type Config struct {
 	// BlockedRecheck is how long a node recorded Blocked is left alone before it is verified
 	// again. Default DefaultBlockedRecheck (5m).
 	BlockedRecheck time.Duration
-	// ParseProviderID extracts zone and instance ID from spec.providerID. Default
-	// ParseProviderID.
-	ParseProviderID func(providerID string) (zone, instanceID string, err error)
 	// Clock is the time source of decisions, requeues and the rate limiter. Default real.
 	Clock clock.WithTicker
 	// Registry receives the metrics and is served on /metrics. Default a new private registry.
@@ -197,7 +195,6 @@ type Controller struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	limiter  *rate.Limiter
-	parseID  func(string) (string, string, error)
 	observe  time.Duration
 
 	factories     []informers.SharedInformerFactory
@@ -216,6 +213,7 @@ type Controller struct {
 	kubeletObs, agentObs *leaseObserver
 	syncedAt             atomic.Int64 // UnixNano when the informers synced; 0 before
 	agentsMissingLogged  atomic.Bool
+	blindLogged          atomic.Bool
 
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
@@ -270,9 +268,6 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
-	if cfg.ParseProviderID == nil {
-		cfg.ParseProviderID = ParseProviderID
-	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -296,14 +291,13 @@ func New(cfg Config) (*Controller, error) {
 		log:          cfg.Logger,
 		registry:     cfg.Registry,
 		metrics:      m,
-		parseID:      cfg.ParseProviderID,
 		observe:      cfg.ObservePeriod,
 		limiter:      rate.NewLimiter(rate.Limit(cfg.Remediator.TerminationRateLimit.PerMinute/60), cfg.Remediator.TerminationRateLimit.Burst),
 		memory:       map[string]*nodeMemory{},
 		reservations: map[string]reservation{},
 		leHealth:     leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
-		kubeletObs:   newLeaseObserver(),
-		agentObs:     newLeaseObserver(),
+		kubeletObs:   newLeaseObserver(decide.DefaultKubeletLeaseDuration),
+		agentObs:     newLeaseObserver(cfg.Remediator.AgentLeaseDuration),
 	}
 	if err := c.registerObserveMetrics(); err != nil {
 		return nil, err

@@ -61,31 +61,6 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-func TestParseProviderID(t *testing.T) {
-	tests := []struct {
-		in       string
-		zone, id string
-		ok       bool
-	}{
-		{"aws:///us-east-1a/i-0123456789abcdef0", "us-east-1a", "i-0123456789abcdef0", true},
-		{"aws:///us-west-2-lax-1a/i-01234567", "us-west-2-lax-1a", "i-01234567", true},
-		{"aws:////i-0123456789abcdef0", "", "i-0123456789abcdef0", true},
-		{"", "", "", false},
-		{"i-0123456789abcdef0", "", "", false},
-		{"gce://proj/zone/vm", "", "", false},
-		{"aws:///us-east-1a/fargate-ip-10-0-0-1", "", "", false},
-		{"aws:///us-east-1a/i-0123456789ABCDEF0", "", "", false},
-		{"aws:///us-east-1a/i-0123456789abcdef0/x", "", "", false},
-		{"aws:///us-east-1a", "", "", false},
-	}
-	for _, tt := range tests {
-		zone, id, err := ParseProviderID(tt.in)
-		if (err == nil) != tt.ok || zone != tt.zone || id != tt.id {
-			t.Errorf("ParseProviderID(%q) = %q, %q, %v; want %q, %q, ok %v", tt.in, zone, id, err, tt.zone, tt.id, tt.ok)
-		}
-	}
-}
-
 func TestStripNode(t *testing.T) {
 	n := newNode("n", withAnnotation(decide.AnnotationState, "Marked"), withAnnotation("kubectl.kubernetes.io/last-applied-configuration", strings.Repeat("x", 4096)))
 	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 )
@@ -18,7 +19,7 @@ import (
 // It returns a nil node when the node was not marked.
 func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) (*corev1.Node, time.Duration, error) {
 	if p.Action == config.ActionTerminate {
-		if _, _, err := c.parseID(node.Spec.ProviderID); err != nil {
+		if _, _, err := providerid.Parse(node.Spec.ProviderID); err != nil {
 			return c.blockAndRelease(ctx, node, BlockInvalidProviderID, fmt.Sprintf("not remediating: %v; only EC2 instances named by an aws:/// provider ID are terminated", err))
 		}
 	}
@@ -83,7 +84,7 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 // confirm delay (EC2 is eventually consistent about new instances); transient failures are
 // retried with backoff. ok is true when the pipeline may go on.
 func (c *Controller) verify(ctx context.Context, node *corev1.Node) (ok bool, requeue time.Duration, err error) {
-	_, id, perr := c.parseID(node.Spec.ProviderID)
+	_, id, perr := providerid.Parse(node.Spec.ProviderID)
 	if perr != nil {
 		_, requeue, err := c.blockAndRelease(ctx, node, BlockInvalidProviderID, fmt.Sprintf("not remediating: %v; only EC2 instances named by an aws:/// provider ID are terminated", perr))
 		return false, requeue, err

@@ -65,7 +65,7 @@ func (c *Controller) input(node *corev1.Node, p *config.Policy, now time.Time) d
 		Node:               node,
 		Policy:             p,
 		Now:                now,
-		ObservingSince:     c.observingSinceTime(),
+		ObservingSince:     c.observedFrom(now),
 		ObservePeriod:      c.observe,
 		AgentLeaseDuration: c.rc.AgentLeaseDuration,
 		NoAgents:           c.agentObs.size() == 0,

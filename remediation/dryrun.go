@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 )
@@ -28,7 +29,7 @@ func (c *Controller) dryRun(ctx context.Context, node *corev1.Node, p *config.Po
 		verb, event = "Cordon", EventWouldCordon
 	}
 	if p.Action == config.ActionTerminate {
-		if _, _, err := c.parseID(node.Spec.ProviderID); err != nil {
+		if _, _, err := providerid.Parse(node.Spec.ProviderID); err != nil {
 			c.blocked(node, BlockInvalidProviderID, fmt.Sprintf("dry-run: would not remediate: %v", err))
 			return c.cfg.BlockedRequeue, nil
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 )
 
 // t0 is the fake clock's start.
@@ -40,6 +42,9 @@ var (
 	podsGVR   = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 	leasesGVR = schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
 )
+
+// neverBlind is a lease observer gap that is never reached.
+const neverBlind = time.Duration(math.MaxInt64)
 
 // harness runs a Controller over a fake clientset that behaves like an API server where it
 // matters here: resourceVersions are stamped on every write and a merge patch carrying a stale
@@ -92,6 +97,10 @@ func newHarness(t *testing.T, rc *config.Config) *harness {
 		t.Fatalf("New: %v", err)
 	}
 	h.c = c
+	// The fixtures' healthy nodes do not renew while the fake clock advances, which in a real
+	// cluster happens only when this replica cannot observe: the blindness rule (observe.go)
+	// would hold every judgement. It has its own tests and is off here.
+	c.kubeletObs.gap, c.agentObs.gap = neverBlind, neverBlind
 	for _, f := range c.factories {
 		f.Start(ctx.Done())
 	}
@@ -446,7 +455,7 @@ func newNode(name string, opts ...nodeOpt) *corev1.Node {
 }
 
 func instanceOf(n *corev1.Node) string {
-	_, id, _ := ParseProviderID(n.Spec.ProviderID)
+	_, id, _ := providerid.Parse(n.Spec.ProviderID)
 	return id
 }
 

@@ -33,6 +33,18 @@ import (
 // the Lease stale when that was more than its duration plus a grace ago. The first sight of a
 // Lease counts as a change, and decide never measures from before the leader's own start, so a
 // new leader starts observing from zero.
+//
+// Time during which this replica could not observe does not count either. While the API server
+// is unreachable (or a watch is broken and client-go's reflector is backing off, which can last
+// tens of seconds after the API server is back) no Lease changes in the cache, so every Lease
+// would look silent and the whole fleet due for termination. Healthy nodes renew their Leases
+// every quarter of a duration, so some Lease of a cluster changes many times per duration; an
+// observer that sees no change at all for a whole lease duration (its gap) is blind, not
+// watching a dead fleet. While any observer is blind, nothing is judged stale; when changes
+// arrive again after such a gap, observation restarts from that moment, as for a new leader
+// (Controller.observedFrom). A gap shorter than a lease duration cannot make a fresh Lease look
+// stale: it ends before duration plus grace. A whole cluster going silent at once is, either
+// way, no moment to terminate anything; the storm valves would pause it too.
 
 // leaseObserver remembers, per Lease name, when this replica last saw the Lease change. At
 // 10,000 nodes it holds two maps of 10,000 small entries (the key shares the cached Lease's
@@ -40,6 +52,13 @@ import (
 type leaseObserver struct {
 	mu   sync.Mutex
 	seen map[string]observation
+	// gap is how long no Lease may change before the observer counts itself blind: the
+	// duration of the Leases it watches.
+	gap time.Duration
+	// lastEvent is when any Lease last changed (UnixNano, the controller's clock); resumedAt
+	// when changes arrived again after a gap of at least gap (0 if never); gaps counts those.
+	lastEvent, resumedAt int64
+	gaps                 int
 }
 
 // observation is one Lease's last observed change.
@@ -48,8 +67,8 @@ type observation struct {
 	fp uint64 // fingerprint of resourceVersion and renewTime as then seen
 }
 
-func newLeaseObserver() *leaseObserver {
-	return &leaseObserver{seen: map[string]observation{}}
+func newLeaseObserver(gap time.Duration) *leaseObserver {
+	return &leaseObserver{seen: map[string]observation{}, gap: gap}
 }
 
 // fingerprint identifies a Lease's state: any write changes the resourceVersion, and a
@@ -80,7 +99,33 @@ func (o *leaseObserver) observe(l *coordinationv1.Lease, now time.Time) (changed
 		}
 	}
 	o.seen[l.Name] = observation{at: now.UnixNano(), fp: fp}
+	if o.lastEvent != 0 && now.Sub(time.Unix(0, o.lastEvent)) >= o.gap {
+		o.resumedAt = now.UnixNano()
+		o.gaps++
+	}
+	o.lastEvent = max(o.lastEvent, now.UnixNano())
 	return true, prev
+}
+
+// blindness reports whether the observer is blind at now — it knows Leases but has seen none
+// change for its gap — and since when, and when it last resumed after a gap (zero if never).
+func (o *leaseObserver) blindness(now time.Time) (blind bool, since, resumed time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.resumedAt != 0 {
+		resumed = time.Unix(0, o.resumedAt)
+	}
+	if len(o.seen) == 0 || o.lastEvent == 0 {
+		return false, time.Time{}, resumed
+	}
+	last := time.Unix(0, o.lastEvent)
+	return now.Sub(last) >= o.gap, last, resumed
+}
+
+func (o *leaseObserver) gapCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.gaps
 }
 
 // lastChange returns when the Lease named name was last seen changing; zero if never.
@@ -122,6 +167,22 @@ func (c *Controller) registerObserveMetrics() error {
 			Namespace: ns, Subsystem: sub, Name: "agent_leases",
 			Help: "Agent heartbeat Leases this replica sees (namespace agentNamespace, label " + LabelAgentNode + "). 0 with nodes in the cluster means the agents are missing or misconfigured.",
 		}, func() float64 { return float64(c.agentObs.size()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "observation_blind",
+			Help: "1 while no kubelet or agent Lease has changed for a lease duration: the watch is broken or the API server unreachable (or every node went silent at once); nothing is judged stale meanwhile, and observation restarts from zero afterwards.",
+		}, func() float64 {
+			now := c.clock.Now()
+			for _, o := range []*leaseObserver{c.kubeletObs, c.agentObs} {
+				if b, _, _ := o.blindness(now); b {
+					return 1
+				}
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "observation_gaps_total",
+			Help: "Times Lease changes arrived again after none for a lease duration; each restarted observation from zero.",
+		}, func() float64 { return float64(c.kubeletObs.gapCount() + c.agentObs.gapCount()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "agents_missing",
 			Help: "1 while no agent Lease exists for any node after the startup grace: a misconfiguration; under liveness TwoSignal nothing is remediated meanwhile.",
@@ -331,4 +392,41 @@ func (c *Controller) observingSinceTime() time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, ns)
+}
+
+// observedFrom is the ObservingSince decide is given at now: when this replica began leading,
+// or later when its observation was interrupted (see the top of this file). While an observer
+// is blind it is now itself, so nothing is judged stale and no step is taken; after a gap it is
+// the moment changes arrived again, so the node is judged as by a new leader. It logs the
+// beginning and end of blindness once each.
+func (c *Controller) observedFrom(now time.Time) time.Time {
+	from := c.observingSinceTime()
+	if from.IsZero() {
+		return from
+	}
+	blind := false
+	var since time.Time
+	for _, o := range []*leaseObserver{c.kubeletObs, c.agentObs} {
+		b, s, resumed := o.blindness(now)
+		if resumed.After(from) {
+			from = resumed
+		}
+		if b {
+			blind = true
+			if since.IsZero() || s.Before(since) {
+				since = s
+			}
+		}
+	}
+	if c.blindLogged.Swap(blind) != blind {
+		if blind {
+			c.log.Warn("no lease changed for a lease duration: not observing; judging nothing stale until leases change again", "since", since.UTC().Format(time.RFC3339))
+		} else {
+			c.log.Info("leases change again: observing from zero", "since", from.UTC().Format(time.RFC3339), "duration", c.observe)
+		}
+	}
+	if blind {
+		return now
+	}
+	return from
 }

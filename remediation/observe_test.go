@@ -1,10 +1,12 @@
 package remediation
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -74,7 +76,7 @@ func TestLeaseObserver(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o := newLeaseObserver()
+			o := newLeaseObserver(40 * time.Second)
 			for i, s := range tt.steps {
 				changed, _ := o.observe(obsLease("n", s.rv, s.renew), at(s.now))
 				if changed != s.changed {
@@ -89,7 +91,7 @@ func TestLeaseObserver(t *testing.T) {
 }
 
 func TestLeaseObserverForget(t *testing.T) {
-	o := newLeaseObserver()
+	o := newLeaseObserver(40 * time.Second)
 	o.observe(obsLease("a", "1", t0), t0)
 	o.observe(obsLease("b", "1", t0), t0)
 	if o.size() != 2 {
@@ -104,4 +106,155 @@ func TestLeaseObserverForget(t *testing.T) {
 	if changed, prev := o.observe(obsLease("a", "1", t0), t0.Add(time.Minute)); !changed || !prev.IsZero() {
 		t.Errorf("re-created lease: changed %v prev %s, want a first sight", changed, prev)
 	}
+}
+
+// TestLeaseObserverBlindness: an observer that knows Leases and has seen none change for its
+// gap is blind; the first change after such a gap is a resumption. Shorter quiet spells are
+// neither.
+func TestLeaseObserverBlindness(t *testing.T) {
+	const gap = 40 * time.Second
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	type event struct {
+		name, rv string
+		now      int
+	}
+	tests := []struct {
+		name        string
+		events      []event
+		query       int
+		wantBlind   bool
+		wantResumed int // -1: never
+	}{
+		{"no leases: never blind", nil, 3600, false, -1},
+		{"renewing every 10s", []event{{"a", "1", 0}, {"a", "2", 10}, {"a", "3", 20}}, 30, false, -1},
+		{"quiet for less than the gap", []event{{"a", "1", 0}}, 39, false, -1},
+		{"quiet for the gap: blind", []event{{"a", "1", 0}}, 40, true, -1},
+		{"ten minutes without a change: blind", []event{{"a", "1", 0}, {"b", "1", 5}}, 605, true, -1},
+		{"one Lease renewing keeps the observer seeing", []event{{"a", "1", 0}, {"b", "1", 0}, {"a", "2", 30}, {"a", "3", 60}}, 90, false, -1},
+		{"changes again after ten minutes: resumed then", []event{{"a", "1", 0}, {"a", "2", 600}}, 601, false, 600},
+		{"a 39s pause is no gap", []event{{"a", "1", 0}, {"a", "2", 39}}, 40, false, -1},
+		{"repeats (relist, resync) are no change and resume nothing", []event{{"a", "1", 0}, {"a", "1", 600}}, 601, true, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := newLeaseObserver(gap)
+			for _, e := range tt.events {
+				o.observe(obsLease(e.name, e.rv, t0), at(e.now))
+			}
+			blind, _, resumed := o.blindness(at(tt.query))
+			if blind != tt.wantBlind {
+				t.Errorf("blind = %v, want %v", blind, tt.wantBlind)
+			}
+			want := time.Time{}
+			if tt.wantResumed >= 0 {
+				want = at(tt.wantResumed)
+			}
+			if !resumed.Equal(want) {
+				t.Errorf("resumed = %s, want %s", resumed, want)
+			}
+		})
+	}
+}
+
+// withBlindness turns the blindness rule back on in a harness (newHarness turns it off).
+func (h *harness) withBlindness() {
+	for _, o := range []*leaseObserver{h.c.kubeletObs, h.c.agentObs} {
+		o.mu.Lock()
+		o.gap = 40 * time.Second
+		o.mu.Unlock()
+	}
+}
+
+// TestOutageDoesNotCountTowardStaleness: while the API server is unreachable no Lease changes
+// in the cache, and after it every Lease has been "unobserved" for the whole outage. Time this
+// replica could not observe must not count: during the outage nothing is judged, and after it
+// the remediator observes from zero like a new leader — the node that kept renewing is never
+// touched, the node that really died is remediated one observe period plus staleness plus
+// toleration after observation resumed. On the old judgement both were terminated.
+func TestOutageDoesNotCountTowardStaleness(t *testing.T) {
+	for _, outage := range []time.Duration{2 * time.Minute, 10 * time.Minute, time.Hour} {
+		t.Run(outage.String(), func(t *testing.T) {
+			h := newHarness(t, liveConfig(t, "zonePauseThreshold: 100%\nclusterPauseThreshold: 100%\npolicies:\n- name: p\n  nodeSelector: \"\"\n  maxUnhealthy: 100%\n  maxInFlight: 10\n  tolerations: {silentNode: 1m}\n  drain: {enabled: false}\n"))
+			h.withBlindness()
+			ok, dead := h.healthy(newNode("ok")), h.healthy(newNode("dead"))
+			renew := func(n *corev1.Node) {
+				h.renew(DefaultKubeletLeaseNamespace, n.Name, h.clock.Now())
+				h.renew(h.c.rc.AgentNamespace, n.Name, h.clock.Now())
+			}
+			h.clock.Step(time.Second)
+			renew(ok)
+			renew(dead)
+
+			// The outage: nothing changes in the cache while the clock runs.
+			h.clock.Step(outage)
+			for _, n := range []*corev1.Node{ok, dead} {
+				requeue, err := h.sync(n.Name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(h.Steps()) != 0 || requeue <= 0 {
+					t.Fatalf("acted on %s after %s without observing: steps %q, requeue %s", n.Name, outage, h.Steps(), requeue)
+				}
+			}
+			if got := gathered(t, h.c, "nodevigil_remediator_observation_blind"); got != 1 {
+				t.Errorf("observation_blind = %v during the outage, want 1", got)
+			}
+
+			// Back: the healthy node renews again; the dead one never does.
+			resumed := h.clock.Now()
+			renew(ok)
+			var gone time.Time
+			for i := 0; i < 200 && gone.IsZero(); i++ {
+				for _, n := range []string{ok.Name, dead.Name} {
+					if h.nodeGone(n) {
+						continue
+					}
+					if _, err := h.sync(n); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if h.nodeGone(dead.Name) {
+					gone = h.clock.Now()
+					break
+				}
+				h.clock.Step(5 * time.Second)
+				renew(ok)
+			}
+			if gone.IsZero() {
+				t.Fatalf("the dead node was never remediated after the outage: %q", h.Steps())
+			}
+			if earliest := resumed.Add(h.c.observe); gone.Before(earliest) {
+				t.Errorf("dead node remediated %s after observation resumed, before the observe period %s", gone.Sub(resumed), h.c.observe)
+			}
+			for _, s := range h.Steps() {
+				if strings.Contains(s, " ok") {
+					t.Errorf("touched the node that kept renewing: %s", s)
+				}
+			}
+			if got := gathered(t, h.c, "nodevigil_remediator_observation_blind"); got != 0 {
+				t.Errorf("observation_blind = %v after the outage, want 0", got)
+			}
+		})
+	}
+}
+
+// gathered returns the value of the unlabelled gauge or counter name in c's registry.
+func gathered(t *testing.T, c *Controller, name string) float64 {
+	t.Helper()
+	mfs, err := c.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) == 0 {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		if m.GetGauge() != nil {
+			return m.GetGauge().GetValue()
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
 }

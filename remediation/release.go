@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodevigil/nodevigil/remediation/decide"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 )
@@ -45,7 +46,7 @@ func (c *Controller) release(ctx context.Context, node *corev1.Node, d decide.De
 		// A termination may have been accepted by EC2 without the acceptance being recorded
 		// (a leader died in between): make sure the instance is not going before handing the
 		// node back.
-		if _, id, err := c.parseID(node.Spec.ProviderID); err == nil {
+		if _, id, err := providerid.Parse(node.Spec.ProviderID); err == nil {
 			inst, found, err := c.cloud.Describe(ctx, id)
 			if err != nil {
 				return c.retryLater(node, "Describe", err), nil

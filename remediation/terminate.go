@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,7 +24,7 @@ import (
 // once EC2 accepted the call; a leader that finds the intent without it looks at EC2 before
 // asking again. It returns a nil node when blocked.
 func (c *Controller) beginTermination(ctx context.Context, node *corev1.Node, p *config.Policy, now time.Time) (*corev1.Node, time.Duration, error) {
-	if _, _, err := c.parseID(node.Spec.ProviderID); err != nil {
+	if _, _, err := providerid.Parse(node.Spec.ProviderID); err != nil {
 		return c.blockAndRelease(ctx, node, BlockInvalidProviderID, fmt.Sprintf("not terminating: %v", err))
 	}
 	if c.railsBlock(node, p, stepTerminate, now) {
@@ -61,7 +62,7 @@ func (c *Controller) terminate(ctx context.Context, node *corev1.Node, d decide.
 		c.blocked(node, reason, msg)
 		return nil, c.cfg.BlockedRequeue, nil
 	}
-	_, id, err := c.parseID(node.Spec.ProviderID)
+	_, id, err := providerid.Parse(node.Spec.ProviderID)
 	if err != nil {
 		return refuse(BlockInvalidProviderID, fmt.Sprintf("not terminating: %v", err))
 	}

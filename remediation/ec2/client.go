@@ -28,6 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
+	"github.com/nodevigil/nodevigil/remediation/providerid"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -395,7 +396,7 @@ func unique(ids []string) []string {
 func splitValid(ids []string) (valid, malformed []string) {
 	valid = make([]string, 0, len(ids))
 	for _, id := range ids {
-		if instanceIDPattern.MatchString(id) {
+		if providerid.ValidInstanceID(id) {
 			valid = append(valid, id)
 		} else {
 			malformed = append(malformed, id)

@@ -152,7 +152,6 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		ResyncPeriod:            o.resyncPeriod,
 		Workers:                 o.workers,
 		TerminationConfirmDelay: o.confirmDelay,
-		ParseProviderID:         ec2.ParseProviderID,
 		Registry:                reg,
 		Logger:                  log,
 		LeaderElection: remediation.LeaderElectionConfig{

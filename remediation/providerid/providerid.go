@@ -1,4 +1,8 @@
-package ec2
+// Package providerid is the one grammar of a Node's spec.providerID that nodevigil accepts: the
+// remediator's pipeline (which must know the instance before anything disruptive) and the EC2
+// client (which must never send a malformed ID that would fail a whole batch) both use it, so
+// they cannot disagree about which nodes are EC2 instances. It has no dependencies.
+package providerid
 
 import (
 	"fmt"
@@ -18,7 +22,7 @@ var zonePattern = regexp.MustCompile(`^[a-z0-9-]+$`)
 // ValidInstanceID reports whether id has the form of an EC2 instance ID.
 func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) }
 
-// ParseProviderID extracts the Availability Zone and the EC2 instance ID from a Node's
+// Parse extracts the Availability Zone and the EC2 instance ID from a Node's
 // spec.providerID, which the AWS cloud provider, Karpenter and EKS write as
 // "aws:///<zone>/<instance-id>" (an empty URL host, hence the three slashes).
 //
@@ -30,7 +34,7 @@ func ValidInstanceID(id string) bool { return instanceIDPattern.MatchString(id) 
 // (ambiguous outside AWS), a Fargate pseudo-node ("fargate-ip-…" is no EC2 instance and cannot
 // be terminated), extra path segments, or an ID not of the i-[0-9a-f]{8|17} form. The
 // remediator must never terminate anything on a guess, so parsing is strict.
-func ParseProviderID(providerID string) (zone, instanceID string, err error) {
+func Parse(providerID string) (zone, instanceID string, err error) {
 	if providerID == "" {
 		return "", "", fmt.Errorf("provider ID is empty: the Node has no spec.providerID (not yet initialised by the cloud provider?)")
 	}

@@ -1,11 +1,11 @@
-package ec2
+package providerid
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestParseProviderID(t *testing.T) {
+func TestParse(t *testing.T) {
 	tests := []struct {
 		in       string
 		zone, id string
@@ -35,10 +35,10 @@ func TestParseProviderID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
-			zone, id, err := ParseProviderID(tt.in)
+			zone, id, err := Parse(tt.in)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("ParseProviderID(%q) = %q, %q, %v; want an error containing %q", tt.in, zone, id, err, tt.wantErr)
+					t.Fatalf("Parse(%q) = %q, %q, %v; want an error containing %q", tt.in, zone, id, err, tt.wantErr)
 				}
 				return
 			}
@@ -46,7 +46,7 @@ func TestParseProviderID(t *testing.T) {
 				t.Fatal(err)
 			}
 			if zone != tt.zone || id != tt.id {
-				t.Errorf("ParseProviderID(%q) = %q, %q; want %q, %q", tt.in, zone, id, tt.zone, tt.id)
+				t.Errorf("Parse(%q) = %q, %q; want %q, %q", tt.in, zone, id, tt.zone, tt.id)
 			}
 			if !ValidInstanceID(id) {
 				t.Errorf("ValidInstanceID(%q) = false for a parsed ID", id)

@@ -182,12 +182,13 @@ func buildChecks(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(),
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubelet check: %w", err)
 	}
-	net, err := cni.New(cni.Config{HostRoot: cfg.HostRoot, ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, HealthURL: cfg.CNIHealthURL})
+	net, err := cni.New(cni.Config{HostRoot: cfg.HostRoot, ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, HealthURL: cfg.CNIHealthURL, Preset: cfg.CNIPreset})
 	if err != nil {
 		_ = kub.Close()
 		return nil, nil, fmt.Errorf("cni check: %w", err)
 	}
-	kcfg, err := kubelet.NewConfigCheck(kubelet.ConfigCheckConfig{HostRoot: cfg.HostRoot, ExpectedTaints: cfg.OwnedTaints})
+	kcfg, err := kubelet.NewConfigCheck(kubelet.ConfigCheckConfig{HostRoot: cfg.HostRoot, Unit: cfg.KubeletUnit,
+		ExpectedTaints: cfg.OwnedTaints, MissingIsUnhealthy: cfg.MissingOwnedTaintIsUnhealthy})
 	if err != nil {
 		_ = kub.Close()
 		return nil, nil, fmt.Errorf("kubelet-config check: %w", err)

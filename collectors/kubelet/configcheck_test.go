@@ -388,8 +388,8 @@ func TestConfigCheckEKSHostRoots(t *testing.T) {
 			expected: []string{ciliumTaint},
 			status:   collectors.StatusUnhealthy,
 			reason:   ReasonStartupTaintMalformed,
-			message: []string{"kubelet pid 3101: /etc/eks/kubelet/environment:1: " + `--register-with-taints entry "node.cilium.io/agent-not-ready=true:NoExecute-" ends with '-'`},
-			absent:  []string{"is not registered"},
+			message:  []string{"kubelet pid 3101: /etc/eks/kubelet/environment:1: " + `--register-with-taints entry "node.cilium.io/agent-not-ready=true:NoExecute-" ends with '-'`},
+			absent:   []string{"is not registered"},
 		},
 		{
 			host:     "al2023-env-no-effect",

@@ -29,13 +29,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
 	"github.com/nodevigil/nodevigil/agent/conditions"
 	"github.com/nodevigil/nodevigil/agent/events"
 	"github.com/nodevigil/nodevigil/agent/heartbeat"
+	"github.com/nodevigil/nodevigil/agent/nodepatch"
 	"github.com/nodevigil/nodevigil/agent/taints"
 	"github.com/nodevigil/nodevigil/collectors"
 )
@@ -109,29 +109,12 @@ const (
 	repairCheck            = "kubelet"
 )
 
-// NodeClient reads and patches this node: the conditions (nodes/status), the startup taints
-// and the Lease's ownerReference all go through it. It is declared here rather than taken from
-// client-go so the binary can pass a client that links only the API groups the agent uses
-// (package kubeclient); client-go's typed clientset.CoreV1().Nodes() satisfies it as well.
-type NodeClient interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
-	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
-}
-
-// EventRecorder records Events on the Node. It is the subset of client-go's
-// record.EventRecorder the agent uses (package events implements it; tests pass
-// record.FakeRecorder).
-type EventRecorder interface {
-	Event(object k8sruntime.Object, eventtype, reason, message string)
-	Eventf(object k8sruntime.Object, eventtype, reason, messageFmt string, args ...any)
-}
-
 // Config configures an Agent. Zero values are replaced by defaults; Nodes, Leases, Events (or
 // Recorder), NodeName, Namespace and PodName are required. The clients' rate limits are the
 // caller's (the binary sets them from --kube-api-qps/--kube-api-burst).
 type Config struct {
 	// Nodes reads and patches this node. Required.
-	Nodes NodeClient
+	Nodes nodepatch.NodeClient
 	// Leases reads and writes the heartbeat Lease; it must act on Namespace. Required.
 	Leases heartbeat.LeaseClient
 	// Events stores the Events recorded on the Node (in the default namespace), through an
@@ -184,7 +167,7 @@ type Config struct {
 	// process collectors and nodevigil_build_info are registered on it.
 	Registry *prometheus.Registry
 	// Recorder records Events on the Node (default: an events.Recorder writing to Events).
-	Recorder EventRecorder
+	Recorder taints.EventRecorder
 	// Clock is the time source (default the real clock).
 	Clock clock.WithTicker
 	// Logger (default slog.Default()).
@@ -195,7 +178,7 @@ type Config struct {
 type Agent struct {
 	cfg        Config
 	events     *events.Recorder // nil when Config.Recorder is set
-	recorder   EventRecorder
+	recorder   taints.EventRecorder
 	nodeRef    *v1.ObjectReference
 	conditions *conditions.Manager
 	taints     *taints.Manager

@@ -47,7 +47,7 @@ const Component = "nodevigil-agent"
 // Check must honour ctx; the agent nevertheless bounds it and reports a check that overruns
 // as Unknown/CheckTimeout.
 type Checker interface {
-	Name() string
+	Name() collectors.CheckName
 	Check(ctx context.Context) collectors.Result
 }
 
@@ -106,7 +106,7 @@ const (
 	DefaultListenAddress   = ":9736"
 	DefaultAPITimeout      = 5 * time.Second
 	DefaultShutdownTimeout = 3 * time.Second
-	repairCheck            = "kubelet"
+	repairCheck            = collectors.CheckKubelet
 )
 
 // Config configures an Agent. Zero values are replaced by defaults; Nodes, Leases, Events (or
@@ -143,7 +143,7 @@ type Config struct {
 	// among Checks. A zero TaintStabilityWindow means the taints' default (10s); a negative
 	// one releases on the first healthy cycle.
 	OwnedTaints          []string
-	GatingChecks         []string
+	GatingChecks         []collectors.CheckName
 	TaintStabilityWindow time.Duration
 	ReaddTaintOnFailure  bool
 
@@ -184,7 +184,7 @@ type Agent struct {
 	taints     *taints.Manager
 	lease      *heartbeat.Renewer
 	handler    http.Handler
-	running    map[string]*atomic.Bool
+	running    map[collectors.CheckName]*atomic.Bool
 
 	checkStatus   *prometheus.GaugeVec
 	checkDuration *prometheus.HistogramVec
@@ -192,7 +192,7 @@ type Agent struct {
 	repairs       *prometheus.CounterVec
 
 	// last is the last result per check, for logging transitions; only the loop touches it.
-	last       map[string]collectors.Result
+	last       map[collectors.CheckName]collectors.Result
 	lastRepair string
 	// seeded is true once the checks were seeded from the Node (or seeding was given up
 	// because the conditions were already reported); only the loop touches it.
@@ -252,8 +252,8 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg:      cfg,
 		nodeRef:  &v1.ObjectReference{Kind: "Node", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)},
-		running:  map[string]*atomic.Bool{},
-		last:     map[string]collectors.Result{},
+		running:  map[collectors.CheckName]*atomic.Bool{},
+		last:     map[collectors.CheckName]collectors.Result{},
 		repairCh: make(chan collectors.Result, 1),
 	}
 	for _, c := range cfg.Checks {
@@ -347,7 +347,7 @@ func (a *Agent) registerMetrics() error {
 		}
 	}
 	for name := range a.running {
-		a.checkErrors.WithLabelValues(name)
+		a.checkErrors.WithLabelValues(string(name))
 	}
 	// Checks may export their own metrics (the memory check's kernel OOM-kill counter).
 	for _, c := range a.cfg.Checks {
@@ -575,7 +575,7 @@ func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
 	}
 	start := a.cfg.Clock.Now()
 	r := runGuarded(ctx, c, a.cfg.CheckTimeout, a.cfg.Clock.Now, a.cfg.Logger, func() { busy.Store(false) })
-	a.checkDuration.WithLabelValues(name).Observe(a.cfg.Clock.Since(start).Seconds())
+	a.checkDuration.WithLabelValues(string(name)).Observe(a.cfg.Clock.Since(start).Seconds())
 	return r
 }
 
@@ -646,11 +646,11 @@ func (a *Agent) observe(results []collectors.Result) {
 			if r.Status == s {
 				v = 1
 			}
-			a.checkStatus.WithLabelValues(r.Check, string(s)).Set(v)
+			a.checkStatus.WithLabelValues(string(r.Check), string(s)).Set(v)
 		}
 		notSupported := errors.Is(r.Err, collectors.ErrNotSupported)
 		if r.Err != nil && !notSupported {
-			a.checkErrors.WithLabelValues(r.Check).Inc()
+			a.checkErrors.WithLabelValues(string(r.Check)).Inc()
 		}
 		prev, seen := a.last[r.Check]
 		a.last[r.Check] = r

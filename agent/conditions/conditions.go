@@ -45,16 +45,16 @@ const (
 	TypeKubeletConfigValid v1.NodeConditionType = "KubeletConfigValid"
 )
 
-var checkTypes = map[string]v1.NodeConditionType{
-	"memory":         TypeMemoryHealthy,
-	"kubelet":        TypeKubeletHealthy,
-	"cni":            TypeNetworkingReady,
-	"kubelet-config": TypeKubeletConfigValid,
+var checkTypes = map[collectors.CheckName]v1.NodeConditionType{
+	collectors.CheckMemory:        TypeMemoryHealthy,
+	collectors.CheckKubelet:       TypeKubeletHealthy,
+	collectors.CheckCNI:           TypeNetworkingReady,
+	collectors.CheckKubeletConfig: TypeKubeletConfigValid,
 }
 
 // TypeForCheck returns the condition type a check is published as, and false for a check the
 // agent does not publish.
-func TypeForCheck(check string) (v1.NodeConditionType, bool) {
+func TypeForCheck(check collectors.CheckName) (v1.NodeConditionType, bool) {
 	t, ok := checkTypes[check]
 	return t, ok
 }

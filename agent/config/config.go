@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodevigil/nodevigil/agent/taints"
+	"github.com/nodevigil/nodevigil/collectors"
 	"github.com/nodevigil/nodevigil/collectors/cni"
 	"github.com/nodevigil/nodevigil/collectors/memory"
 )
@@ -41,17 +42,9 @@ const (
 	Kind       = "AgentConfig"
 )
 
-// Check names the agent knows. They are the Name() of the collectors and the keys of the
-// condition mapping; gating checks must be among them.
-const (
-	CheckMemory        = "memory"
-	CheckKubelet       = "kubelet"
-	CheckCNI           = "cni"
-	CheckKubeletConfig = "kubelet-config"
-)
-
-// KnownChecks lists every check name in a stable order (the order `check` prints them in).
-var KnownChecks = []string{CheckMemory, CheckKubelet, CheckCNI, CheckKubeletConfig}
+// KnownChecks lists every check name in a stable order (the order `check` prints them in);
+// gating checks must be among them. The names are collectors.CheckName constants.
+var KnownChecks = collectors.Checks()
 
 // Defaults. They follow the kubelet's own Lease timing (40 s duration, 10 s renewal) so the
 // agent's heartbeat and the kubelet's can be compared one to one by the remediator.
@@ -101,7 +94,7 @@ const (
 
 // DefaultGatingChecks are the checks that must be healthy before startup taints are removed:
 // a node can run pods once its kubelet is up and its CNI is ready; memory is not a startup gate.
-var DefaultGatingChecks = []string{CheckKubelet, CheckCNI}
+var DefaultGatingChecks = taints.DefaultGatingChecks
 
 // Mode selects which flags a command accepts and which fields are validated: `check` runs
 // without a cluster, so it neither needs nor accepts the Kubernetes-side settings.
@@ -170,7 +163,7 @@ type Config struct {
 	// OwnedTaints are the taint keys the agent removes once the node is ready.
 	OwnedTaints []string `json:"ownedTaints,omitempty"`
 	// GatingChecks must be healthy for TaintStabilityWindow before owned taints are removed.
-	GatingChecks []string `json:"gatingChecks,omitempty"`
+	GatingChecks []collectors.CheckName `json:"gatingChecks,omitempty"`
 	// TaintStabilityWindow is how long gating checks must stay healthy without interruption.
 	TaintStabilityWindow metav1.Duration `json:"taintStabilityWindow,omitempty"`
 	// ReaddTaintOnFailure re-adds an owned NoSchedule taint when a gating check fails later.
@@ -279,7 +272,7 @@ func Default() *Config {
 		LeaseRenewInterval:             metav1.Duration{Duration: DefaultLeaseRenewInterval},
 		ConditionHeartbeat:             metav1.Duration{Duration: DefaultConditionHeartbeat},
 		OwnedTaints:                    []string{DefaultOwnedTaint},
-		GatingChecks:                   append([]string(nil), DefaultGatingChecks...),
+		GatingChecks:                   append([]collectors.CheckName(nil), DefaultGatingChecks...),
 		TaintStabilityWindow:           metav1.Duration{Duration: DefaultTaintStabilityWindow},
 		KubeletUnit:                    DefaultKubeletUnit,
 		KubeletHealthzURL:              DefaultKubeletHealthzURL,
@@ -468,7 +461,7 @@ func newFlagSet(mode Mode, c *Config) *flag.FlagSet {
 	fs.DurationVar(&c.LeaseRenewInterval.Duration, "lease-renew-interval", c.LeaseRenewInterval.Duration, "how often the heartbeat Lease is renewed")
 	fs.DurationVar(&c.LeaseRenewTimeout.Duration, "lease-renew-timeout", c.LeaseRenewTimeout.Duration, "time limit of one Lease renewal (default min(5s, --lease-renew-interval/2))")
 	fs.DurationVar(&c.ConditionHeartbeat.Duration, "condition-heartbeat", c.ConditionHeartbeat.Duration, "how often unchanged Node conditions are refreshed")
-	fs.Var((*listValue)(&c.GatingChecks), "gating-checks", "comma-separated checks that must be healthy before owned taints are removed")
+	fs.Var((*checkListValue)(&c.GatingChecks), "gating-checks", "comma-separated checks that must be healthy before owned taints are removed")
 	fs.DurationVar(&c.TaintStabilityWindow.Duration, "taint-stability-window", c.TaintStabilityWindow.Duration, "how long gating checks must stay healthy before owned taints are removed")
 	fs.BoolVar(&c.ReaddTaintOnFailure, "readd-taint-on-failure", c.ReaddTaintOnFailure, "re-add an owned NoSchedule taint when a gating check later turns unhealthy")
 	fs.BoolVar(&c.KubeletRepair, "kubelet-repair", c.KubeletRepair, "restart a failed kubelet unit locally, with backoff")
@@ -596,7 +589,7 @@ func (c *Config) Validate(mode Mode) error {
 	}
 	for _, g := range c.GatingChecks {
 		if !known(g) {
-			add("gatingChecks entry %q is not a check; set --gating-checks to names among %s", g, strings.Join(KnownChecks, ", "))
+			add("gatingChecks entry %q is not a check; set --gating-checks to names among %s", g, joinChecks(KnownChecks))
 		}
 	}
 	if c.ReaddTaintOnFailure && len(c.OwnedTaints) == 0 {
@@ -692,13 +685,14 @@ func (m MemoryConfig) validate() []error {
 	return errs
 }
 
-func known(check string) bool {
-	for _, k := range KnownChecks {
-		if k == check {
-			return true
-		}
+func known(check collectors.CheckName) bool { return slices.Contains(KnownChecks, check) }
+
+func joinChecks(cs []collectors.CheckName) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = string(c)
 	}
-	return false
+	return strings.Join(s, ", ")
 }
 
 func checkURL(raw string) error {
@@ -793,6 +787,29 @@ func (l *listValue) Set(s string) error {
 		if p := strings.TrimSpace(part); p != "" {
 			out = append(out, p)
 		}
+	}
+	*l = out
+	return nil
+}
+
+// checkListValue is a comma-separated list of check names, replaced (not appended to) when set.
+type checkListValue []collectors.CheckName
+
+func (l *checkListValue) String() string {
+	if l == nil {
+		return ""
+	}
+	return joinChecks(*l)
+}
+
+func (l *checkListValue) Set(s string) error {
+	var names []string
+	if err := (*listValue)(&names).Set(s); err != nil {
+		return err
+	}
+	out := make([]collectors.CheckName, len(names))
+	for i, n := range names {
+		out[i] = collectors.CheckName(n)
 	}
 	*l = out
 	return nil

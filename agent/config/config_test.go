@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodevigil/nodevigil/collectors"
 )
 
 // src builds a Source with a fixed environment and hostname, reading files from testdata.
@@ -49,7 +51,7 @@ func TestDefaultsAndEnvironment(t *testing.T) {
 				t.Errorf("unexpected defaults: %+v", cfg)
 			}
 			if !reflect.DeepEqual(cfg.OwnedTaints, []string{"readiness.k8s.io/nodevigil-agent-not-ready"}) ||
-				!reflect.DeepEqual(cfg.GatingChecks, []string{"kubelet", "cni"}) {
+				!reflect.DeepEqual(cfg.GatingChecks, []collectors.CheckName{"kubelet", "cni"}) {
 				t.Errorf("owned %v gating %v", cfg.OwnedTaints, cfg.GatingChecks)
 			}
 		})
@@ -69,7 +71,7 @@ func TestFileIsAppliedCompletely(t *testing.T) {
 	want.LeaseDuration.Duration, want.LeaseRenewInterval.Duration, want.LeaseRenewTimeout.Duration = time.Minute, 15*time.Second, 3*time.Second
 	want.ConditionHeartbeat.Duration, want.TaintStabilityWindow.Duration = 10*time.Minute, 30*time.Second
 	want.OwnedTaints = []string{"readiness.k8s.io/nodevigil-agent-not-ready", "node.cilium.io/agent-not-ready"}
-	want.GatingChecks = []string{"kubelet", "cni", "memory"}
+	want.GatingChecks = []collectors.CheckName{"kubelet", "cni", "memory"}
 	want.ReaddTaintOnFailure, want.KubeletRepair = true, true
 	want.KubeletUnit, want.CNIHealthURL = "kubelet-eks.service", "http://127.0.0.1:9879/healthz"
 	want.CNIPreset, want.MissingOwnedTaintIsUnhealthy = "cilium", true
@@ -96,7 +98,7 @@ func TestFlagsOverrideFileOnlyWhenSet(t *testing.T) {
 		{"nodeName (flag over env)", cfg.NodeName, "from-flag"},
 		{"namespace (file over env)", cfg.Namespace, "node-health"},
 		{"ownedTaints (flag replaces file list)", cfg.OwnedTaints, []string{"a.example/x", "b.example/y"}},
-		{"gatingChecks (file)", cfg.GatingChecks, []string{"kubelet", "cni", "memory"}},
+		{"gatingChecks (file)", cfg.GatingChecks, []collectors.CheckName{"kubelet", "cni", "memory"}},
 		{"kubeAPIQPS (flag)", cfg.KubeAPIQPS, float32(1)},
 		{"kubeAPIBurst (file)", cfg.KubeAPIBurst, 4},
 		{"readdTaintOnFailure (file)", cfg.ReaddTaintOnFailure, true},

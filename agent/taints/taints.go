@@ -58,7 +58,7 @@ const (
 )
 
 // DefaultGatingChecks are the checks whose health releases the node.
-var DefaultGatingChecks = []string{"kubelet", "cni"}
+var DefaultGatingChecks = []collectors.CheckName{collectors.CheckKubelet, collectors.CheckCNI}
 
 // EventRecorder records Events on the Node. It is the subset of client-go's
 // record.EventRecorder the Manager uses, so any recorder (client-go's, or the agent's own
@@ -81,7 +81,7 @@ type Config struct {
 	// slice means the default; the agent never touches any other key.
 	OwnedKeys []string
 	// GatingChecks must all be Healthy for StabilityWindow (default kubelet, cni).
-	GatingChecks []string
+	GatingChecks []collectors.CheckName
 	// StabilityWindow is the uninterrupted healthy time required (default 10s). Zero is
 	// replaced by the default; use a negative value for "release on the first healthy cycle".
 	StabilityWindow time.Duration
@@ -250,7 +250,7 @@ func (m *Manager) Reconcile(ctx context.Context, results []collectors.Result) er
 // gate evaluates the gating checks: all Healthy, or the first Unhealthy one (for re-adding)
 // and the first non-healthy one (for logging).
 func (m *Manager) gate(results []collectors.Result) (healthy bool, unhealthy *collectors.Result, blocking collectors.Result) {
-	byCheck := make(map[string]collectors.Result, len(results))
+	byCheck := make(map[collectors.CheckName]collectors.Result, len(results))
 	for _, r := range results {
 		byCheck[r.Check] = r
 	}
@@ -283,7 +283,7 @@ func (m *Manager) owned(key string) bool { return slices.Contains(m.cfg.OwnedKey
 var errReadyFlapped = errors.New("node Ready changed within the stability window")
 
 // latestDisruption returns the latest Disrupted time among the gating checks' results.
-func latestDisruption(results []collectors.Result, gating []string) time.Time {
+func latestDisruption(results []collectors.Result, gating []collectors.CheckName) time.Time {
 	var latest time.Time
 	for _, r := range results {
 		if slices.Contains(gating, r.Check) && r.Disrupted.After(latest) {
@@ -365,7 +365,7 @@ func (m *Manager) remove(ctx context.Context, now time.Time) error {
 	m.removals.WithLabelValues("success").Inc()
 	sinceStart := now.Sub(m.cfg.StartTime).Round(time.Second)
 	msg := fmt.Sprintf("Removed startup taints %s after %s healthy for %s; %s since agent start",
-		strings.Join(removed, ", "), strings.Join(m.cfg.GatingChecks, ", "), now.Sub(m.stableSince).Round(time.Second), sinceStart)
+		strings.Join(removed, ", "), joinChecks(m.cfg.GatingChecks), now.Sub(m.stableSince).Round(time.Second), sinceStart)
 	if !created.IsZero() {
 		msg += fmt.Sprintf(", %s since node creation", now.Sub(created).Round(time.Second))
 	}
@@ -438,4 +438,12 @@ func Split(taints []v1.Taint, owned func(key string) bool) (keep []v1.Taint, rem
 func TaintsPatch(resourceVersion string, taints []v1.Taint) ([]byte, error) {
 	p, err := nodepatch.Taints(resourceVersion, taints)
 	return p.Body, err
+}
+
+func joinChecks(cs []collectors.CheckName) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = string(c)
+	}
+	return strings.Join(s, ", ")
 }

@@ -332,9 +332,9 @@ func checkExitCode(stderr io.Writer, strict bool, results []collectors.Result) i
 		switch r.Status {
 		case collectors.StatusHealthy, collectors.StatusWarning:
 		case collectors.StatusUnhealthy:
-			unhealthy = append(unhealthy, r.Check)
+			unhealthy = append(unhealthy, string(r.Check))
 		default:
-			unknown = append(unknown, r.Check)
+			unknown = append(unknown, string(r.Check))
 		}
 	}
 	if len(unknown) > 0 {
@@ -357,7 +357,7 @@ func printResults(w io.Writer, format string, explain bool, results []collectors
 	if format == config.OutputJSON {
 		out := make([]checkOutput, len(results))
 		for i, r := range results {
-			out[i] = checkOutput{Check: r.Check, Status: string(r.Status), Reason: r.Reason, Message: r.Message}
+			out[i] = checkOutput{Check: string(r.Check), Status: string(r.Status), Reason: r.Reason, Message: r.Message}
 			if explain {
 				out[i].Inputs = r.Inputs
 			}

@@ -17,7 +17,7 @@ import (
 
 type staticCheck struct{ r collectors.Result }
 
-func (s staticCheck) Name() string                            { return s.r.Check }
+func (s staticCheck) Name() collectors.CheckName              { return s.r.Check }
 func (s staticCheck) Check(context.Context) collectors.Result { return s.r }
 
 // fakeBuild returns a builder serving fixed results and records that the checks were closed.
@@ -31,7 +31,7 @@ func fakeBuild(closed *bool, rs ...collectors.Result) checkBuilder {
 	}
 }
 
-func res(check string, s collectors.Status, reason, msg string) collectors.Result {
+func res(check collectors.CheckName, s collectors.Status, reason, msg string) collectors.Result {
 	return collectors.Result{Check: check, Status: s, Reason: reason, Message: msg}
 }
 

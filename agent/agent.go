@@ -29,13 +29,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
 	"github.com/nodevigil/nodevigil/agent/conditions"
 	"github.com/nodevigil/nodevigil/agent/events"
 	"github.com/nodevigil/nodevigil/agent/heartbeat"
+	"github.com/nodevigil/nodevigil/agent/nodepatch"
 	"github.com/nodevigil/nodevigil/agent/taints"
 	"github.com/nodevigil/nodevigil/collectors"
 )
@@ -47,7 +47,7 @@ const Component = "nodevigil-agent"
 // Check must honour ctx; the agent nevertheless bounds it and reports a check that overruns
 // as Unknown/CheckTimeout.
 type Checker interface {
-	Name() string
+	Name() collectors.CheckName
 	Check(ctx context.Context) collectors.Result
 }
 
@@ -106,32 +106,15 @@ const (
 	DefaultListenAddress   = ":9736"
 	DefaultAPITimeout      = 5 * time.Second
 	DefaultShutdownTimeout = 3 * time.Second
-	repairCheck            = "kubelet"
+	repairCheck            = collectors.CheckKubelet
 )
-
-// NodeClient reads and patches this node: the conditions (nodes/status), the startup taints
-// and the Lease's ownerReference all go through it. It is declared here rather than taken from
-// client-go so the binary can pass a client that links only the API groups the agent uses
-// (package kubeclient); client-go's typed clientset.CoreV1().Nodes() satisfies it as well.
-type NodeClient interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
-	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
-}
-
-// EventRecorder records Events on the Node. It is the subset of client-go's
-// record.EventRecorder the agent uses (package events implements it; tests pass
-// record.FakeRecorder).
-type EventRecorder interface {
-	Event(object k8sruntime.Object, eventtype, reason, message string)
-	Eventf(object k8sruntime.Object, eventtype, reason, messageFmt string, args ...any)
-}
 
 // Config configures an Agent. Zero values are replaced by defaults; Nodes, Leases, Events (or
 // Recorder), NodeName, Namespace and PodName are required. The clients' rate limits are the
 // caller's (the binary sets them from --kube-api-qps/--kube-api-burst).
 type Config struct {
 	// Nodes reads and patches this node. Required.
-	Nodes NodeClient
+	Nodes nodepatch.NodeClient
 	// Leases reads and writes the heartbeat Lease; it must act on Namespace. Required.
 	Leases heartbeat.LeaseClient
 	// Events stores the Events recorded on the Node (in the default namespace), through an
@@ -160,7 +143,7 @@ type Config struct {
 	// among Checks. A zero TaintStabilityWindow means the taints' default (10s); a negative
 	// one releases on the first healthy cycle.
 	OwnedTaints          []string
-	GatingChecks         []string
+	GatingChecks         []collectors.CheckName
 	TaintStabilityWindow time.Duration
 	ReaddTaintOnFailure  bool
 
@@ -184,7 +167,7 @@ type Config struct {
 	// process collectors and nodevigil_build_info are registered on it.
 	Registry *prometheus.Registry
 	// Recorder records Events on the Node (default: an events.Recorder writing to Events).
-	Recorder EventRecorder
+	Recorder taints.EventRecorder
 	// Clock is the time source (default the real clock).
 	Clock clock.WithTicker
 	// Logger (default slog.Default()).
@@ -195,13 +178,13 @@ type Config struct {
 type Agent struct {
 	cfg        Config
 	events     *events.Recorder // nil when Config.Recorder is set
-	recorder   EventRecorder
+	recorder   taints.EventRecorder
 	nodeRef    *v1.ObjectReference
 	conditions *conditions.Manager
 	taints     *taints.Manager
 	lease      *heartbeat.Renewer
 	handler    http.Handler
-	running    map[string]*atomic.Bool
+	running    map[collectors.CheckName]*atomic.Bool
 
 	checkStatus   *prometheus.GaugeVec
 	checkDuration *prometheus.HistogramVec
@@ -209,7 +192,7 @@ type Agent struct {
 	repairs       *prometheus.CounterVec
 
 	// last is the last result per check, for logging transitions; only the loop touches it.
-	last       map[string]collectors.Result
+	last       map[collectors.CheckName]collectors.Result
 	lastRepair string
 	// seeded is true once the checks were seeded from the Node (or seeding was given up
 	// because the conditions were already reported); only the loop touches it.
@@ -269,8 +252,8 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg:      cfg,
 		nodeRef:  &v1.ObjectReference{Kind: "Node", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)},
-		running:  map[string]*atomic.Bool{},
-		last:     map[string]collectors.Result{},
+		running:  map[collectors.CheckName]*atomic.Bool{},
+		last:     map[collectors.CheckName]collectors.Result{},
 		repairCh: make(chan collectors.Result, 1),
 	}
 	for _, c := range cfg.Checks {
@@ -364,7 +347,7 @@ func (a *Agent) registerMetrics() error {
 		}
 	}
 	for name := range a.running {
-		a.checkErrors.WithLabelValues(name)
+		a.checkErrors.WithLabelValues(string(name))
 	}
 	// Checks may export their own metrics (the memory check's kernel OOM-kill counter).
 	for _, c := range a.cfg.Checks {
@@ -592,7 +575,7 @@ func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
 	}
 	start := a.cfg.Clock.Now()
 	r := runGuarded(ctx, c, a.cfg.CheckTimeout, a.cfg.Clock.Now, a.cfg.Logger, func() { busy.Store(false) })
-	a.checkDuration.WithLabelValues(name).Observe(a.cfg.Clock.Since(start).Seconds())
+	a.checkDuration.WithLabelValues(string(name)).Observe(a.cfg.Clock.Since(start).Seconds())
 	return r
 }
 
@@ -663,11 +646,11 @@ func (a *Agent) observe(results []collectors.Result) {
 			if r.Status == s {
 				v = 1
 			}
-			a.checkStatus.WithLabelValues(r.Check, string(s)).Set(v)
+			a.checkStatus.WithLabelValues(string(r.Check), string(s)).Set(v)
 		}
 		notSupported := errors.Is(r.Err, collectors.ErrNotSupported)
 		if r.Err != nil && !notSupported {
-			a.checkErrors.WithLabelValues(r.Check).Inc()
+			a.checkErrors.WithLabelValues(string(r.Check)).Inc()
 		}
 		prev, seen := a.last[r.Check]
 		a.last[r.Check] = r

@@ -37,14 +37,14 @@ var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 // fakeCheck returns a settable result; when block is set, Check waits on it and ignores ctx,
 // like a misbehaving collector would.
 type fakeCheck struct {
-	name  string
+	name  collectors.CheckName
 	mu    sync.Mutex
 	res   collectors.Result
 	block chan struct{}
 	panic bool
 }
 
-func (f *fakeCheck) Name() string { return f.name }
+func (f *fakeCheck) Name() collectors.CheckName { return f.name }
 
 func (f *fakeCheck) Check(context.Context) collectors.Result {
 	f.mu.Lock()
@@ -89,7 +89,7 @@ type harness struct {
 	clock    *clocktesting.FakeClock
 	recorder *record.FakeRecorder
 	reg      *prometheus.Registry
-	checks   map[string]*fakeCheck
+	checks   map[collectors.CheckName]*fakeCheck
 	agent    *Agent
 }
 
@@ -108,10 +108,10 @@ func newHarness(t *testing.T, mut func(*Config)) *harness {
 		clock:    clocktesting.NewFakeClock(t0),
 		recorder: record.NewFakeRecorder(20),
 		reg:      prometheus.NewRegistry(),
-		checks:   map[string]*fakeCheck{},
+		checks:   map[collectors.CheckName]*fakeCheck{},
 	}
 	var checks []Checker
-	for _, n := range []string{"memory", "kubelet", "cni", "kubelet-config"} {
+	for _, n := range []collectors.CheckName{"memory", "kubelet", "cni", "kubelet-config"} {
 		c := &fakeCheck{name: n}
 		c.set(collectors.StatusHealthy, "OK", nil)
 		h.checks[n] = c
@@ -229,8 +229,8 @@ func TestRunChecksTimeoutStillRunningAndPanic(t *testing.T) {
 	h.checks["memory"].panic = true
 	h.checks["memory"].mu.Unlock()
 
-	byName := func(rs []collectors.Result) map[string]collectors.Result {
-		m := map[string]collectors.Result{}
+	byName := func(rs []collectors.Result) map[collectors.CheckName]collectors.Result {
+		m := map[collectors.CheckName]collectors.Result{}
 		for _, r := range rs {
 			m[r.Check] = r
 		}
@@ -449,7 +449,7 @@ func TestRepairDoesNotStallTheLoop(t *testing.T) {
 
 func TestNewRejectsGatingCheckWithoutChecker(t *testing.T) {
 	cfg := Config{NodeName: nodeName, Namespace: "ns", PodName: "p",
-		Checks: []Checker{&fakeCheck{name: "kubelet"}}, GatingChecks: []string{"kubelet", "cni"}}
+		Checks: []Checker{&fakeCheck{name: "kubelet"}}, GatingChecks: []collectors.CheckName{"kubelet", "cni"}}
 	setClients(&cfg, fake.NewClientset())
 	_, err := New(cfg)
 	if err == nil || !strings.Contains(err.Error(), `"cni"`) {

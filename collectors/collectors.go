@@ -30,12 +30,35 @@ const (
 	StatusUnknown Status = "Unknown"
 )
 
+// CheckName names a check. The names are stable: they are the first column of `check`, the
+// agent's metric label, the keys of the Node condition mapping and the values of the
+// gatingChecks setting, so a typo in any of those is a compile error rather than a check that
+// silently never gates or never reports.
+type CheckName string
+
+// The checks nodevigil has.
+const (
+	// CheckMemory is node memory pressure (collectors/memory).
+	CheckMemory CheckName = "memory"
+	// CheckKubelet is the kubelet's health: unit state, restarts, /healthz (collectors/kubelet).
+	CheckKubelet CheckName = "kubelet"
+	// CheckCNI is CNI readiness: conflist, plugins, the CNI agent's health (collectors/cni).
+	CheckCNI CheckName = "cni"
+	// CheckKubeletConfig is the kubelet's startup-taint flags (collectors/kubelet ConfigCheck).
+	CheckKubeletConfig CheckName = "kubelet-config"
+)
+
+// Checks returns every check name, in the order `check` prints them.
+func Checks() []CheckName {
+	return []CheckName{CheckMemory, CheckKubelet, CheckCNI, CheckKubeletConfig}
+}
+
 // Result is what one run of a check observed. Reason is a CamelCase machine-readable word
 // (it becomes a Node condition reason); Message is for humans and carries the numbers that led
 // to the verdict, so an operator reading `kubectl describe node` needs nothing else.
 type Result struct {
-	// Check is the name of the check that produced the result ("memory", "kubelet", "cni").
-	Check string `json:"check"`
+	// Check is the name of the check that produced the result.
+	Check CheckName `json:"check"`
 	// Status is the verdict.
 	Status Status `json:"status"`
 	// Reason is a CamelCase word, stable across releases, suitable for alerts.

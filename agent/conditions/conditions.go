@@ -15,7 +15,6 @@ package conditions
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 
+	"github.com/nodevigil/nodevigil/agent/nodepatch"
 	"github.com/nodevigil/nodevigil/collectors"
 )
 
@@ -45,16 +45,16 @@ const (
 	TypeKubeletConfigValid v1.NodeConditionType = "KubeletConfigValid"
 )
 
-var checkTypes = map[string]v1.NodeConditionType{
-	"memory":         TypeMemoryHealthy,
-	"kubelet":        TypeKubeletHealthy,
-	"cni":            TypeNetworkingReady,
-	"kubelet-config": TypeKubeletConfigValid,
+var checkTypes = map[collectors.CheckName]v1.NodeConditionType{
+	collectors.CheckMemory:        TypeMemoryHealthy,
+	collectors.CheckKubelet:       TypeKubeletHealthy,
+	collectors.CheckCNI:           TypeNetworkingReady,
+	collectors.CheckKubeletConfig: TypeKubeletConfigValid,
 }
 
 // TypeForCheck returns the condition type a check is published as, and false for a check the
 // agent does not publish.
-func TypeForCheck(check string) (v1.NodeConditionType, bool) {
+func TypeForCheck(check collectors.CheckName) (v1.NodeConditionType, bool) {
 	t, ok := checkTypes[check]
 	return t, ok
 }
@@ -117,19 +117,10 @@ const (
 	DefaultMaxBackoff      = 30 * time.Second
 )
 
-// NodeClient is the part of the Node API the Manager uses: a read at start-up (to adopt the
-// conditions already there) and patches of the status subresource. It is declared here, not
-// taken from client-go, so the agent binary can satisfy it with a client that links only the
-// core API group; client-go's typed NodeInterface (clientset.CoreV1().Nodes()) satisfies it too.
-type NodeClient interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
-	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
-}
-
 // Config configures a Manager. Zero values are replaced by defaults.
 type Config struct {
 	// Client reads the Node and patches nodes/status. Required.
-	Client NodeClient
+	Client nodepatch.NodeClient
 	// NodeName is the Node to write. Required.
 	NodeName string
 	// HeartbeatPeriod is how often unchanged conditions are re-written (default 5m).
@@ -258,13 +249,13 @@ func (m *Manager) Sync(ctx context.Context, results []collectors.Result) error {
 	if len(conds) == 0 {
 		return nil
 	}
-	body, err := BuildPatch(conds)
+	patch, err := buildPatch(conds)
 	if err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
-	_, err = m.cfg.Client.Patch(cctx, m.cfg.NodeName, PatchType, body, metav1.PatchOptions{}, "status")
+	_, err = patch.Apply(cctx, m.cfg.Client, m.cfg.NodeName)
 	if err != nil {
 		m.patches.WithLabelValues("error").Inc()
 		m.fail(now)
@@ -384,27 +375,21 @@ func (m *Manager) fail(now time.Time) {
 	m.retryAt = now.Add(min(backoff, m.cfg.MaxBackoff))
 }
 
-// BuildPatch returns the strategic-merge patch body for nodes/status that sets exactly conds:
-// {"status":{"conditions":[...]}}. Node conditions merge by type, so every other condition
-// on the Node is left as it is. Conditions of types the agent does not own are refused, so a
+// BuildPatch returns the body of the strategic-merge patch of nodes/status that sets exactly
+// conds (nodepatch.Conditions). Conditions of types the agent does not own are refused, so a
 // bug elsewhere cannot overwrite the kubelet's Ready.
 func BuildPatch(conds []v1.NodeCondition) ([]byte, error) {
+	p, err := buildPatch(conds)
+	return p.Body, err
+}
+
+func buildPatch(conds []v1.NodeCondition) (nodepatch.Patch, error) {
 	for _, c := range conds {
 		if !IsOwned(c.Type) {
-			return nil, fmt.Errorf("conditions: refusing to patch condition type %q the agent does not own", c.Type)
+			return nodepatch.Patch{}, fmt.Errorf("conditions: refusing to patch condition type %q the agent does not own", c.Type)
 		}
 	}
-	body := struct {
-		Status struct {
-			Conditions []v1.NodeCondition `json:"conditions"`
-		} `json:"status"`
-	}{}
-	body.Status.Conditions = conds
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("conditions: encode patch: %w", err)
-	}
-	return b, nil
+	return nodepatch.Conditions(conds)
 }
 
 // PatchType is the patch type BuildPatch's body is meant for.

@@ -115,7 +115,7 @@ func condition(t *testing.T, n *v1.Node, ct v1.NodeConditionType) v1.NodeConditi
 	return v1.NodeCondition{}
 }
 
-func result(check string, s collectors.Status, reason, msg string) collectors.Result {
+func result(check collectors.CheckName, s collectors.Status, reason, msg string) collectors.Result {
 	return collectors.Result{Check: check, Status: s, Reason: reason, Message: msg}
 }
 
@@ -145,7 +145,7 @@ func TestStatusFor(t *testing.T) {
 }
 
 func TestTypeForCheck(t *testing.T) {
-	for check, want := range map[string]v1.NodeConditionType{
+	for check, want := range map[collectors.CheckName]v1.NodeConditionType{
 		"memory": "MemoryHealthy", "kubelet": "KubeletHealthy", "cni": "NetworkingReady", "kubelet-config": "KubeletConfigValid",
 	} {
 		if got, ok := TypeForCheck(check); !ok || got != want {

@@ -14,9 +14,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +28,11 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodevigil/nodevigil/agent/taints"
+	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/cni"
+	"github.com/nodevigil/nodevigil/collectors/memory"
 )
 
 // APIVersion and Kind identify the config file format. They are checked so that a file written
@@ -35,17 +42,9 @@ const (
 	Kind       = "AgentConfig"
 )
 
-// Check names the agent knows. They are the Name() of the collectors and the keys of the
-// condition mapping; gating checks must be among them.
-const (
-	CheckMemory        = "memory"
-	CheckKubelet       = "kubelet"
-	CheckCNI           = "cni"
-	CheckKubeletConfig = "kubelet-config"
-)
-
-// KnownChecks lists every check name in a stable order (the order `check` prints them in).
-var KnownChecks = []string{CheckMemory, CheckKubelet, CheckCNI, CheckKubeletConfig}
+// KnownChecks lists every check name in a stable order (the order `check` prints them in);
+// gating checks must be among them. The names are collectors.CheckName constants.
+var KnownChecks = collectors.Checks()
 
 // Defaults. They follow the kubelet's own Lease timing (40 s duration, 10 s renewal) so the
 // agent's heartbeat and the kubelet's can be compared one to one by the remediator.
@@ -74,15 +73,19 @@ const (
 	// kubelet unhealthy: one slow answer during a GC pause or a garbage collection of images
 	// is not an outage.
 	DefaultKubeletHealthzFailureThreshold = 3
-	DefaultOwnedTaint                     = "readiness.k8s.io/nodevigil-agent-not-ready"
-	DefaultKubeletUnit                    = "kubelet.service"
-	DefaultKubeletHealthzURL              = "http://127.0.0.1:10248/healthz"
-	DefaultCNIConfDir                     = "/etc/cni/net.d"
-	DefaultCNIBinDir                      = "/opt/cni/bin"
-	DefaultKubeAPIQPS                     = 5
-	DefaultKubeAPIBurst                   = 10
-	DefaultLogLevel                       = "info"
-	DefaultLogFormat                      = "json"
+	// DefaultOwnedTaint is the agent's own startup taint, defined once in package taints.
+	DefaultOwnedTaint  = taints.DefaultOwnedKey
+	DefaultKubeletUnit = "kubelet.service"
+	// DefaultCNIPreset detects the CNI from the default network's plugin types and probes
+	// its agent's own health endpoint (collectors/cni).
+	DefaultCNIPreset         = cni.PresetAuto
+	DefaultKubeletHealthzURL = "http://127.0.0.1:10248/healthz"
+	DefaultCNIConfDir        = "/etc/cni/net.d"
+	DefaultCNIBinDir         = "/opt/cni/bin"
+	DefaultKubeAPIQPS        = 5
+	DefaultKubeAPIBurst      = 10
+	DefaultLogLevel          = "info"
+	DefaultLogFormat         = "json"
 
 	// MaxKubeAPIQPS caps the per-node client rate: one agent per node times 5,000 nodes must
 	// stay a small share of the API server's capacity.
@@ -91,7 +94,7 @@ const (
 
 // DefaultGatingChecks are the checks that must be healthy before startup taints are removed:
 // a node can run pods once its kubelet is up and its CNI is ready; memory is not a startup gate.
-var DefaultGatingChecks = []string{CheckKubelet, CheckCNI}
+var DefaultGatingChecks = taints.DefaultGatingChecks
 
 // Mode selects which flags a command accepts and which fields are validated: `check` runs
 // without a cluster, so it neither needs nor accepts the Kubernetes-side settings.
@@ -160,7 +163,7 @@ type Config struct {
 	// OwnedTaints are the taint keys the agent removes once the node is ready.
 	OwnedTaints []string `json:"ownedTaints,omitempty"`
 	// GatingChecks must be healthy for TaintStabilityWindow before owned taints are removed.
-	GatingChecks []string `json:"gatingChecks,omitempty"`
+	GatingChecks []collectors.CheckName `json:"gatingChecks,omitempty"`
 	// TaintStabilityWindow is how long gating checks must stay healthy without interruption.
 	TaintStabilityWindow metav1.Duration `json:"taintStabilityWindow,omitempty"`
 	// ReaddTaintOnFailure re-adds an owned NoSchedule taint when a gating check fails later.
@@ -171,6 +174,11 @@ type Config struct {
 	KubeletUnit string `json:"kubeletUnit,omitempty"`
 	// KubeletHealthzURL is the kubelet's local health endpoint.
 	KubeletHealthzURL string `json:"kubeletHealthzURL,omitempty"`
+	// MissingOwnedTaintIsUnhealthy makes the kubelet-config check report an owned startup
+	// taint the kubelet does not register as Unhealthy (exit 1 in `check`) instead of a
+	// Warning. Set it when something outside the node requires the taint, e.g. a Karpenter
+	// NodePool listing it in startupTaints (which kills nodes that lack it).
+	MissingOwnedTaintIsUnhealthy bool `json:"missingOwnedTaintIsUnhealthy,omitempty"`
 	// KubeletHealthzFailureThreshold is how many consecutive /healthz failures (while systemd
 	// shows the unit running) make the kubelet check Unhealthy. `check` always uses 1.
 	KubeletHealthzFailureThreshold int `json:"kubeletHealthzFailureThreshold,omitempty"`
@@ -181,8 +189,12 @@ type Config struct {
 	CNIConfDir string `json:"cniConfDir,omitempty"`
 	// CNIBinDir is the CNI plugin directory as seen on the host.
 	CNIBinDir string `json:"cniBinDir,omitempty"`
-	// CNIHealthURL is the CNI agent's optional health endpoint.
+	// CNIHealthURL is the CNI agent's optional health endpoint. When set it replaces the
+	// preset's probe.
 	CNIHealthURL string `json:"cniHealthURL,omitempty"`
+	// CNIPreset selects the CNI agent's own health probe: auto (detected from the default
+	// network's plugin types), none (files only), aws-vpc-cni, cilium or calico.
+	CNIPreset string `json:"cniPreset,omitempty"`
 	// KubeAPIQPS is the client's sustained request rate.
 	KubeAPIQPS float32 `json:"kubeAPIQPS,omitempty"`
 	// KubeAPIBurst is the client's burst.
@@ -260,13 +272,14 @@ func Default() *Config {
 		LeaseRenewInterval:             metav1.Duration{Duration: DefaultLeaseRenewInterval},
 		ConditionHeartbeat:             metav1.Duration{Duration: DefaultConditionHeartbeat},
 		OwnedTaints:                    []string{DefaultOwnedTaint},
-		GatingChecks:                   append([]string(nil), DefaultGatingChecks...),
+		GatingChecks:                   append([]collectors.CheckName(nil), DefaultGatingChecks...),
 		TaintStabilityWindow:           metav1.Duration{Duration: DefaultTaintStabilityWindow},
 		KubeletUnit:                    DefaultKubeletUnit,
 		KubeletHealthzURL:              DefaultKubeletHealthzURL,
 		KubeletHealthzFailureThreshold: DefaultKubeletHealthzFailureThreshold,
 		CNIConfDir:                     DefaultCNIConfDir,
 		CNIBinDir:                      DefaultCNIBinDir,
+		CNIPreset:                      DefaultCNIPreset,
 		KubeAPIQPS:                     DefaultKubeAPIQPS,
 		KubeAPIBurst:                   DefaultKubeAPIBurst,
 		LogLevel:                       DefaultLogLevel,
@@ -421,7 +434,9 @@ func newFlagSet(mode Mode, c *Config) *flag.FlagSet {
 	fs.StringVar(&c.KubeletHealthzURL, "kubelet-healthz-url", c.KubeletHealthzURL, "kubelet health endpoint")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", c.CNIConfDir, "CNI configuration directory on the host (under --host-root)")
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", c.CNIBinDir, "CNI plugin directory on the host (under --host-root)")
-	fs.StringVar(&c.CNIHealthURL, "cni-health-url", c.CNIHealthURL, "optional health endpoint of the CNI agent")
+	fs.StringVar(&c.CNIHealthURL, "cni-health-url", c.CNIHealthURL, "optional health endpoint of the CNI agent (replaces the preset's probe)")
+	fs.StringVar(&c.CNIPreset, "cni-preset", c.CNIPreset, "CNI agent health probe: "+strings.Join(cni.PresetNames(), ", ")+" (auto detects it from the conflist)")
+	fs.BoolVar(&c.MissingOwnedTaintIsUnhealthy, "missing-owned-taint-is-unhealthy", c.MissingOwnedTaintIsUnhealthy, "report an owned startup taint the kubelet does not register as Unhealthy instead of a Warning (set it when a Karpenter NodePool requires the taint)")
 	fs.Var((*listValue)(&c.OwnedTaints), "owned-taints", "comma-separated startup taint keys the agent owns and removes once ready")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
@@ -446,7 +461,7 @@ func newFlagSet(mode Mode, c *Config) *flag.FlagSet {
 	fs.DurationVar(&c.LeaseRenewInterval.Duration, "lease-renew-interval", c.LeaseRenewInterval.Duration, "how often the heartbeat Lease is renewed")
 	fs.DurationVar(&c.LeaseRenewTimeout.Duration, "lease-renew-timeout", c.LeaseRenewTimeout.Duration, "time limit of one Lease renewal (default min(5s, --lease-renew-interval/2))")
 	fs.DurationVar(&c.ConditionHeartbeat.Duration, "condition-heartbeat", c.ConditionHeartbeat.Duration, "how often unchanged Node conditions are refreshed")
-	fs.Var((*listValue)(&c.GatingChecks), "gating-checks", "comma-separated checks that must be healthy before owned taints are removed")
+	fs.Var((*checkListValue)(&c.GatingChecks), "gating-checks", "comma-separated checks that must be healthy before owned taints are removed")
 	fs.DurationVar(&c.TaintStabilityWindow.Duration, "taint-stability-window", c.TaintStabilityWindow.Duration, "how long gating checks must stay healthy before owned taints are removed")
 	fs.BoolVar(&c.ReaddTaintOnFailure, "readd-taint-on-failure", c.ReaddTaintOnFailure, "re-add an owned NoSchedule taint when a gating check later turns unhealthy")
 	fs.BoolVar(&c.KubeletRepair, "kubelet-repair", c.KubeletRepair, "restart a failed kubelet unit locally, with backoff")
@@ -476,9 +491,13 @@ func (c *Config) Validate(mode Mode) error {
 			add("%s (%q) %v; set %s to an http(s) URL such as http://127.0.0.1:10248/healthz", u.field, u.value, err, u.flag)
 		}
 	}
-	if c.KubeletUnit == "" {
-		add("kubeletUnit is empty; set --kubelet-unit (usually %s)", DefaultKubeletUnit)
+	if msg := checkUnitName(c.KubeletUnit); msg != "" {
+		add("kubeletUnit %q %s; set --kubelet-unit to the kubelet's systemd service unit (usually %s)", c.KubeletUnit, msg, DefaultKubeletUnit)
 	}
+	if !slices.Contains(cni.PresetNames(), c.CNIPreset) {
+		add("cniPreset %q is not a CNI preset; set --cni-preset to one of %s", c.CNIPreset, strings.Join(cni.PresetNames(), ", "))
+	}
+	errs = append(errs, c.Memory.validate()...)
 	if c.CNIConfDir == "" {
 		add("cniConfDir is empty; set --cni-conf-dir (usually %s)", DefaultCNIConfDir)
 	}
@@ -570,7 +589,7 @@ func (c *Config) Validate(mode Mode) error {
 	}
 	for _, g := range c.GatingChecks {
 		if !known(g) {
-			add("gatingChecks entry %q is not a check; set --gating-checks to names among %s", g, strings.Join(KnownChecks, ", "))
+			add("gatingChecks entry %q is not a check; set --gating-checks to names among %s", g, joinChecks(KnownChecks))
 		}
 	}
 	if c.ReaddTaintOnFailure && len(c.OwnedTaints) == 0 {
@@ -585,13 +604,95 @@ func (c *Config) Validate(mode Mode) error {
 	return errors.Join(errs...)
 }
 
-func known(check string) bool {
-	for _, k := range KnownChecks {
-		if k == check {
-			return true
+// checkUnitName returns what is wrong with a systemd service unit name, or "". The unit is
+// looked up over D-Bus (GetUnit needs the full name) and as a file name under the unit
+// search path, so it must be a plain "<name>.service".
+func checkUnitName(u string) string {
+	switch {
+	case u == "":
+		return "is empty"
+	case !strings.HasSuffix(u, ".service") || u == ".service":
+		return `is not a service unit name (it must end in ".service")`
+	case strings.ContainsAny(u, "/\x00 \t\n"):
+		return "contains a slash, a blank or a NUL"
+	}
+	return ""
+}
+
+// validate checks the memory section against the rules of collectors/memory, with zero
+// fields taking the collector's defaults, and names each field by its path in the config
+// file (memory.<field>), since that is where an operator has to fix it.
+func (m MemoryConfig) validate() []error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	or := func(v, def float64) float64 {
+		if v == 0 {
+			return def
+		}
+		return v
+	}
+	orMiB := func(v uint64, def uint64) uint64 {
+		if v == 0 {
+			return def >> 20
+		}
+		return v
+	}
+	psiOn, memOn := m.PSIFullEnterPercent >= 0, m.AvailableCriticalPercent >= 0
+	if !psiOn && !memOn {
+		add("memory.psiFullEnterPercent and memory.availableCriticalPercent are both negative, which disables both pressure rules; leave one unset (defaults %g and %g)",
+			memory.DefaultPSIFullEnterPercent, memory.DefaultAvailableEnterPercent)
+	}
+	enter := or(m.PSIFullEnterPercent, memory.DefaultPSIFullEnterPercent)
+	if !psiOn {
+		enter = memory.DefaultPSIFullEnterPercent
+	}
+	if math.IsNaN(enter) || enter > 100 {
+		add("memory.psiFullEnterPercent (%g) must be between 0 and 100 (negative disables the PSI rule); leave it unset for %g", m.PSIFullEnterPercent, memory.DefaultPSIFullEnterPercent)
+	} else if exit := or(m.PSIFullExitPercent, memory.DefaultPSIFullExitPercent); math.IsNaN(exit) || exit < 0 || exit > enter {
+		add("memory.psiFullExitPercent (%g) must be between 0 and memory.psiFullEnterPercent (%g); leave it unset for %g", exit, enter, memory.DefaultPSIFullExitPercent)
+	}
+	if low := or(m.AvailableLowPercent, memory.DefaultAvailableLowPercent); math.IsNaN(low) || low < 0 || low > 100 {
+		add("memory.availableLowPercent (%g) must be between 0 and 100; leave it unset for %g", low, memory.DefaultAvailableLowPercent)
+	}
+	crit := or(m.AvailableCriticalPercent, memory.DefaultAvailableEnterPercent)
+	if !memOn {
+		crit = memory.DefaultAvailableEnterPercent
+	}
+	if math.IsNaN(crit) || crit > 100 {
+		add("memory.availableCriticalPercent (%g) must be between 0 and 100 (negative disables the rule); leave it unset for %g", m.AvailableCriticalPercent, memory.DefaultAvailableEnterPercent)
+	} else if clear := or(m.AvailableClearPercent, memory.DefaultAvailableExitPercent); math.IsNaN(clear) || clear < crit || clear > 100 {
+		add("memory.availableClearPercent (%g) must be between memory.availableCriticalPercent (%g) and 100; leave it unset for %g", clear, crit, memory.DefaultAvailableExitPercent)
+	}
+	critMiB, clearMiB := orMiB(m.AvailableCriticalMiB, memory.DefaultAvailableEnterBytes), orMiB(m.AvailableClearMiB, memory.DefaultAvailableExitBytes)
+	if clearMiB < critMiB {
+		add("memory.availableClearMiB (%d) must be at least memory.availableCriticalMiB (%d)", clearMiB, critMiB)
+	}
+	const maxMiB = math.MaxUint64 >> 20
+	for _, f := range []struct {
+		name string
+		v    uint64
+	}{{"availableLowMiB", m.AvailableLowMiB}, {"availableCriticalMiB", m.AvailableCriticalMiB}, {"availableClearMiB", m.AvailableClearMiB}} {
+		if f.v > maxMiB {
+			add("memory.%s (%d) is too large; give it in MiB (at most %d)", f.name, f.v, uint64(maxMiB))
 		}
 	}
-	return false
+	if m.EnterAfter.Duration < 0 {
+		add("memory.enterAfter (%s) must not be negative; leave it unset for %s", m.EnterAfter.Duration, memory.DefaultEnterAfter)
+	}
+	if m.ExitAfter.Duration < 0 {
+		add("memory.exitAfter (%s) must not be negative; leave it unset for %s", m.ExitAfter.Duration, memory.DefaultExitAfter)
+	}
+	return errs
+}
+
+func known(check collectors.CheckName) bool { return slices.Contains(KnownChecks, check) }
+
+func joinChecks(cs []collectors.CheckName) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = string(c)
+	}
+	return strings.Join(s, ", ")
 }
 
 func checkURL(raw string) error {
@@ -686,6 +787,29 @@ func (l *listValue) Set(s string) error {
 		if p := strings.TrimSpace(part); p != "" {
 			out = append(out, p)
 		}
+	}
+	*l = out
+	return nil
+}
+
+// checkListValue is a comma-separated list of check names, replaced (not appended to) when set.
+type checkListValue []collectors.CheckName
+
+func (l *checkListValue) String() string {
+	if l == nil {
+		return ""
+	}
+	return joinChecks(*l)
+}
+
+func (l *checkListValue) Set(s string) error {
+	var names []string
+	if err := (*listValue)(&names).Set(s); err != nil {
+		return err
+	}
+	out := make([]collectors.CheckName, len(names))
+	for i, n := range names {
+		out[i] = collectors.CheckName(n)
 	}
 	*l = out
 	return nil

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodevigil/nodevigil/collectors"
 )
 
 // src builds a Source with a fixed environment and hostname, reading files from testdata.
@@ -49,7 +51,7 @@ func TestDefaultsAndEnvironment(t *testing.T) {
 				t.Errorf("unexpected defaults: %+v", cfg)
 			}
 			if !reflect.DeepEqual(cfg.OwnedTaints, []string{"readiness.k8s.io/nodevigil-agent-not-ready"}) ||
-				!reflect.DeepEqual(cfg.GatingChecks, []string{"kubelet", "cni"}) {
+				!reflect.DeepEqual(cfg.GatingChecks, []collectors.CheckName{"kubelet", "cni"}) {
 				t.Errorf("owned %v gating %v", cfg.OwnedTaints, cfg.GatingChecks)
 			}
 		})
@@ -69,9 +71,10 @@ func TestFileIsAppliedCompletely(t *testing.T) {
 	want.LeaseDuration.Duration, want.LeaseRenewInterval.Duration, want.LeaseRenewTimeout.Duration = time.Minute, 15*time.Second, 3*time.Second
 	want.ConditionHeartbeat.Duration, want.TaintStabilityWindow.Duration = 10*time.Minute, 30*time.Second
 	want.OwnedTaints = []string{"readiness.k8s.io/nodevigil-agent-not-ready", "node.cilium.io/agent-not-ready"}
-	want.GatingChecks = []string{"kubelet", "cni", "memory"}
+	want.GatingChecks = []collectors.CheckName{"kubelet", "cni", "memory"}
 	want.ReaddTaintOnFailure, want.KubeletRepair = true, true
 	want.KubeletUnit, want.CNIHealthURL = "kubelet-eks.service", "http://127.0.0.1:9879/healthz"
+	want.CNIPreset, want.MissingOwnedTaintIsUnhealthy = "cilium", true
 	want.KubeAPIQPS, want.KubeAPIBurst = 2.5, 4
 	want.LogLevel, want.LogFormat = "debug", "text"
 	if !reflect.DeepEqual(cfg, want) {
@@ -95,7 +98,7 @@ func TestFlagsOverrideFileOnlyWhenSet(t *testing.T) {
 		{"nodeName (flag over env)", cfg.NodeName, "from-flag"},
 		{"namespace (file over env)", cfg.Namespace, "node-health"},
 		{"ownedTaints (flag replaces file list)", cfg.OwnedTaints, []string{"a.example/x", "b.example/y"}},
-		{"gatingChecks (file)", cfg.GatingChecks, []string{"kubelet", "cni", "memory"}},
+		{"gatingChecks (file)", cfg.GatingChecks, []collectors.CheckName{"kubelet", "cni", "memory"}},
 		{"kubeAPIQPS (flag)", cfg.KubeAPIQPS, float32(1)},
 		{"kubeAPIBurst (file)", cfg.KubeAPIBurst, 4},
 		{"readdTaintOnFailure (file)", cfg.ReaddTaintOnFailure, true},
@@ -198,6 +201,24 @@ func TestValidationNamesFieldAndFix(t *testing.T) {
 		{"healthz url", ModeRun, nodeEnv, []string{"--kubelet-healthz-url=127.0.0.1:10248"}, `kubeletHealthzURL ("127.0.0.1:10248")`},
 		{"readd without taints", ModeRun, nodeEnv, []string{"--owned-taints=", "--readd-taint-on-failure"}, "readdTaintOnFailure needs an owned taint"},
 		{"check output", ModeCheck, nil, []string{"--output=yaml"}, `output "yaml" is not supported; set --output to text or json`},
+		{"unknown cni preset", ModeRun, nodeEnv, []string{"--cni-preset=weave"},
+			`cniPreset "weave" is not a CNI preset; set --cni-preset to one of auto, none, aws-vpc-cni, cilium, calico`},
+		{"unknown cni preset in check", ModeCheck, nil, []string{"--cni-preset=Cilium"}, `cniPreset "Cilium" is not a CNI preset`},
+		{"unknown cni preset from file", ModeRun, nodeEnv, []string{"--config", "bad-preset.yaml"}, `cniPreset "vpc-cni" is not a CNI preset`},
+		{"kubelet unit without suffix", ModeCheck, nil, []string{"--kubelet-unit=kubelet"},
+			`kubeletUnit "kubelet" is not a service unit name (it must end in ".service"); set --kubelet-unit`},
+		{"kubelet unit path", ModeRun, nodeEnv, []string{"--kubelet-unit=/etc/systemd/system/kubelet.service"}, `kubeletUnit "/etc/systemd/system/kubelet.service" contains a slash`},
+		{"kubelet unit empty", ModeRun, nodeEnv, []string{"--kubelet-unit="}, `kubeletUnit "" is empty`},
+		{"memory psi exit above enter", ModeCheck, nil, []string{"--config", "bad-memory.yaml"},
+			"memory.psiFullExitPercent (30) must be between 0 and memory.psiFullEnterPercent (25)"},
+		{"memory clear below critical", ModeRun, nodeEnv, []string{"--config", "bad-memory.yaml"},
+			"memory.availableClearPercent (3) must be between memory.availableCriticalPercent (5) and 100"},
+		{"memory clear MiB below critical", ModeRun, nodeEnv, []string{"--config", "bad-memory.yaml"},
+			"memory.availableClearMiB (512) must be at least memory.availableCriticalMiB (1024)"},
+		{"memory negative duration", ModeRun, nodeEnv, []string{"--config", "bad-memory.yaml"}, "memory.exitAfter (-1m0s) must not be negative"},
+		{"memory both rules off", ModeRun, nodeEnv, []string{"--config", "memory-off.yaml"},
+			"memory.psiFullEnterPercent and memory.availableCriticalPercent are both negative"},
+		{"memory percent above 100", ModeRun, nodeEnv, []string{"--config", "memory-high.yaml"}, "memory.psiFullEnterPercent (150) must be between 0 and 100"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(tc.mode, src(tc.env, tc.args...))

@@ -9,7 +9,7 @@
 // typed clients it replaces: same paths, verbs, content types (protobuf when the rest.Config
 // asks for it), query parameters, user agent, and one rate limiter shared by both groups.
 //
-// Nodes satisfies the agent's conditions.NodeClient and taints.NodeClient, Leases satisfies
+// Nodes satisfies the agent's nodepatch.NodeClient, Leases satisfies
 // heartbeat.LeaseClient, and Events satisfies events.Sink.
 package kubeclient
 

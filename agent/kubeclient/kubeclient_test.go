@@ -24,6 +24,15 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nodevigil/nodevigil/agent/events"
+	"github.com/nodevigil/nodevigil/agent/heartbeat"
+	"github.com/nodevigil/nodevigil/agent/nodepatch"
+)
+
+// The binary passes these clients to the agent: they must keep satisfying its interfaces.
+var (
+	_ nodepatch.NodeClient  = (*Nodes)(nil)
+	_ heartbeat.LeaseClient = (*Leases)(nil)
+	_ events.Sink           = (*Events)(nil)
 )
 
 const (

@@ -16,7 +16,6 @@ package taints
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +32,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
+	"github.com/nodevigil/nodevigil/agent/nodepatch"
 	"github.com/nodevigil/nodevigil/collectors"
 )
 
@@ -58,20 +58,14 @@ const (
 )
 
 // DefaultGatingChecks are the checks whose health releases the node.
-var DefaultGatingChecks = []string{"kubelet", "cni"}
-
-// NodeClient is the part of the Node API the Manager uses: read the Node, then merge-patch its
-// spec.taints. It is declared here, not taken from client-go, so the agent binary can satisfy
-// it with a client that links only the core API group; client-go's typed NodeInterface
-// (clientset.CoreV1().Nodes()) satisfies it too.
-type NodeClient interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*v1.Node, error)
-	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (*v1.Node, error)
-}
+var DefaultGatingChecks = []collectors.CheckName{collectors.CheckKubelet, collectors.CheckCNI}
 
 // EventRecorder records Events on the Node. It is the subset of client-go's
 // record.EventRecorder the Manager uses, so any recorder (client-go's, or the agent's own
-// lighter one) can be passed without this package linking an event broadcaster.
+// lighter one, package events) can be passed without this package linking an event
+// broadcaster. The agent records its own Events (kubelet repair) through the same interface:
+// it is declared once, here, because this package is the consumer the agent itself imports
+// (package agent cannot be imported back).
 type EventRecorder interface {
 	Event(object runtime.Object, eventtype, reason, message string)
 	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
@@ -80,14 +74,14 @@ type EventRecorder interface {
 // Config configures a Manager. Zero values are replaced by defaults.
 type Config struct {
 	// Client reads and patches the Node. Required.
-	Client NodeClient
+	Client nodepatch.NodeClient
 	// NodeName is this node. Required.
 	NodeName string
 	// OwnedKeys are the taint keys the agent may remove (default [DefaultOwnedKey]). An empty
 	// slice means the default; the agent never touches any other key.
 	OwnedKeys []string
 	// GatingChecks must all be Healthy for StabilityWindow (default kubelet, cni).
-	GatingChecks []string
+	GatingChecks []collectors.CheckName
 	// StabilityWindow is the uninterrupted healthy time required (default 10s). Zero is
 	// replaced by the default; use a negative value for "release on the first healthy cycle".
 	StabilityWindow time.Duration
@@ -256,7 +250,7 @@ func (m *Manager) Reconcile(ctx context.Context, results []collectors.Result) er
 // gate evaluates the gating checks: all Healthy, or the first Unhealthy one (for re-adding)
 // and the first non-healthy one (for logging).
 func (m *Manager) gate(results []collectors.Result) (healthy bool, unhealthy *collectors.Result, blocking collectors.Result) {
-	byCheck := make(map[string]collectors.Result, len(results))
+	byCheck := make(map[collectors.CheckName]collectors.Result, len(results))
 	for _, r := range results {
 		byCheck[r.Check] = r
 	}
@@ -289,7 +283,7 @@ func (m *Manager) owned(key string) bool { return slices.Contains(m.cfg.OwnedKey
 var errReadyFlapped = errors.New("node Ready changed within the stability window")
 
 // latestDisruption returns the latest Disrupted time among the gating checks' results.
-func latestDisruption(results []collectors.Result, gating []string) time.Time {
+func latestDisruption(results []collectors.Result, gating []collectors.CheckName) time.Time {
 	var latest time.Time
 	for _, r := range results {
 		if slices.Contains(gating, r.Check) && r.Disrupted.After(latest) {
@@ -344,11 +338,11 @@ func (m *Manager) remove(ctx context.Context, now time.Time) error {
 		if len(drop) == 0 {
 			return nil
 		}
-		body, err := TaintsPatch(node.ResourceVersion, keep)
+		patch, err := nodepatch.Taints(node.ResourceVersion, keep)
 		if err != nil {
 			return err
 		}
-		_, err = m.cfg.Client.Patch(cctx, m.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{})
+		_, err = patch.Apply(cctx, m.cfg.Client, m.cfg.NodeName)
 		return err
 	})
 	if err != nil {
@@ -371,7 +365,7 @@ func (m *Manager) remove(ctx context.Context, now time.Time) error {
 	m.removals.WithLabelValues("success").Inc()
 	sinceStart := now.Sub(m.cfg.StartTime).Round(time.Second)
 	msg := fmt.Sprintf("Removed startup taints %s after %s healthy for %s; %s since agent start",
-		strings.Join(removed, ", "), strings.Join(m.cfg.GatingChecks, ", "), now.Sub(m.stableSince).Round(time.Second), sinceStart)
+		strings.Join(removed, ", "), joinChecks(m.cfg.GatingChecks), now.Sub(m.stableSince).Round(time.Second), sinceStart)
 	if !created.IsZero() {
 		msg += fmt.Sprintf(", %s since node creation", now.Sub(created).Round(time.Second))
 	}
@@ -397,11 +391,11 @@ func (m *Manager) readd(ctx context.Context, cause collectors.Result) error {
 			return nil
 		}
 		taints := append(slices.Clone(node.Spec.Taints), v1.Taint{Key: key, Effect: v1.TaintEffectNoSchedule})
-		body, err := TaintsPatch(node.ResourceVersion, taints)
+		patch, err := nodepatch.Taints(node.ResourceVersion, taints)
 		if err != nil {
 			return err
 		}
-		_, err = m.cfg.Client.Patch(cctx, m.cfg.NodeName, types.MergePatchType, body, metav1.PatchOptions{})
+		_, err = patch.Apply(cctx, m.cfg.Client, m.cfg.NodeName)
 		added = err == nil
 		return err
 	})
@@ -439,21 +433,17 @@ func Split(taints []v1.Taint, owned func(key string) bool) (keep []v1.Taint, rem
 	return keep, removed
 }
 
-// TaintsPatch returns a JSON merge patch that sets spec.taints to taints, guarded by
-// resourceVersion: the API server rejects it with a Conflict if the Node changed since it was
-// read, so a taint added concurrently by someone else is never lost. A merge patch (rather
-// than an Update) also keeps fields this client version does not know about.
+// TaintsPatch returns the body of the JSON merge patch that sets spec.taints to taints,
+// guarded by resourceVersion (nodepatch.Taints).
 func TaintsPatch(resourceVersion string, taints []v1.Taint) ([]byte, error) {
-	if taints == nil {
-		taints = []v1.Taint{}
+	p, err := nodepatch.Taints(resourceVersion, taints)
+	return p.Body, err
+}
+
+func joinChecks(cs []collectors.CheckName) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = string(c)
 	}
-	body := map[string]any{
-		"metadata": map[string]any{"resourceVersion": resourceVersion},
-		"spec":     map[string]any{"taints": taints},
-	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, fmt.Errorf("taints: encode patch: %w", err)
-	}
-	return b, nil
+	return strings.Join(s, ", ")
 }

@@ -38,7 +38,7 @@ import (
 )
 
 // Name is the check name the CNI collector reports under.
-const Name = "cni"
+const Name = collectors.CheckCNI
 
 // Reasons of CNI results. They are stable: they become Node condition reasons and alert labels.
 const (
@@ -176,7 +176,7 @@ func cleanRel(dir, def string) string {
 }
 
 // Name returns "cni".
-func (c *Collector) Name() string { return Name }
+func (c *Collector) Name() collectors.CheckName { return Name }
 
 // Check finds the default network configuration, validates it and its plugin binaries, and
 // asks the CNI agent's health endpoint if one is configured. It returns within Timeout plus

@@ -40,7 +40,7 @@ const (
 )
 
 const (
-	configCheckName = "kubelet-config"
+	configCheckName = collectors.CheckKubeletConfig
 	// maxConfigBytes bounds what is read of a kubelet configuration file.
 	maxConfigBytes = 1 << 20
 	// DefaultKubeletUnit is the systemd unit the kubelet runs as on EKS AMIs.
@@ -110,7 +110,7 @@ func NewConfigCheck(cfg ConfigCheckConfig) (*ConfigCheck, error) {
 }
 
 // Name returns "kubelet-config".
-func (c *ConfigCheck) Name() string { return configCheckName }
+func (c *ConfigCheck) Name() collectors.CheckName { return configCheckName }
 
 // kubeletProcess is what the check learns from /proc.
 type kubeletProcess struct {

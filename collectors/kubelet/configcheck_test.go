@@ -382,6 +382,16 @@ func TestConfigCheckEKSHostRoots(t *testing.T) {
 			message:  []string{"kubelet pid 3101 registers 1 startup taint(s)"},
 		},
 		{
+			// kubectl's removal syntax in nodeadm's environment file: the kubelet runs (the
+			// process exists) and silently drops the taint.
+			host:     "al2023-env-removal-running",
+			expected: []string{ciliumTaint},
+			status:   collectors.StatusUnhealthy,
+			reason:   ReasonStartupTaintMalformed,
+			message:  []string{"kubelet pid 3101: /etc/eks/kubelet/environment:1: " + `--register-with-taints entry "node.cilium.io/agent-not-ready=true:NoExecute-" ends with '-'`},
+			absent:   []string{"is not registered"},
+		},
+		{
 			host:     "al2023-env-no-effect",
 			expected: []string{ciliumTaint},
 			status:   collectors.StatusUnhealthy,

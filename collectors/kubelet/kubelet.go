@@ -66,7 +66,7 @@ const (
 )
 
 const (
-	checkName = "kubelet"
+	checkName = collectors.CheckKubelet
 	// maxHistory bounds the restart history whatever the check interval.
 	maxHistory = 256
 	// maxBodyBytes is how much of a /healthz body is read and quoted in messages.
@@ -192,7 +192,7 @@ func New(cfg Config) (*Collector, error) {
 		client = defaultHTTPClient()
 	}
 	unit := &systemdUnit{
-		bus:  newSystemdBus(cfg.DBusAddress, checkName, cfg.Now, cfg.Logger),
+		bus:  newSystemdBus(cfg.DBusAddress, string(checkName), cfg.Now, cfg.Logger),
 		unit: cfg.Unit,
 	}
 	procDir := filepath.Join(cfg.HostRoot, "proc")
@@ -303,7 +303,7 @@ func defaultHTTPClient() *http.Client {
 }
 
 // Name returns "kubelet".
-func (c *Collector) Name() string { return checkName }
+func (c *Collector) Name() collectors.CheckName { return checkName }
 
 // Close releases the bus connection. The collector must not be used afterwards.
 func (c *Collector) Close() error {

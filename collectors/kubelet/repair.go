@@ -143,7 +143,7 @@ func NewRepairer(cfg RepairConfig) (*Repairer, error) {
 	return &Repairer{
 		cfg: cfg,
 		units: &systemdUnit{
-			bus:  newSystemdBus(cfg.DBusAddress, checkName, cfg.Now, cfg.Logger),
+			bus:  newSystemdBus(cfg.DBusAddress, string(checkName), cfg.Now, cfg.Logger),
 			unit: cfg.Unit,
 		},
 	}, nil

@@ -70,7 +70,7 @@ import (
 )
 
 // Name is the check name the memory collector reports under.
-const Name = "memory"
+const Name = collectors.CheckMemory
 
 // Reasons of memory results. They are stable: they become Node condition reasons and alert
 // labels.
@@ -285,7 +285,7 @@ func orDefault[T comparable](v, def T) T {
 }
 
 // Name returns "memory".
-func (c *Collector) Name() string { return Name }
+func (c *Collector) Name() collectors.CheckName { return Name }
 
 // reading is what one check observed, before any verdict.
 type reading struct {

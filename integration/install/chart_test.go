@@ -118,6 +118,12 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"PDB minAvailable alone", []string{"remediator.podDisruptionBudget.minAvailable=1", "remediator.podDisruptionBudget.maxUnavailable=null"}, ""},
 		{"memory limit GOMEMLIMIT cannot parse", []string{"remediator.resources.limits.memory=0.5Gi"}, "remediator.resources.limits.memory \"0.5Gi\""},
 		{"bad digest", []string{"agent.image.digest=sha256:abc"}, "at '/agent/image/digest'"},
+		{"unknown CNI preset", []string{"agent.cniPreset=weave"}, "at '/agent/cniPreset'"},
+		{"CNI preset", []string{"agent.cniPreset=cilium"}, ""},
+		{"CNI preset in agent.config", []string{"agent.config.cniPreset=cilium"}, "agent.config.cniPreset is set by the chart"},
+		{"kubelet unit without .service", []string{"agent.kubeletUnit=kubelet"}, "at '/agent/kubeletUnit'"},
+		{"missing taint unhealthy", []string{"agent.missingOwnedTaintIsUnhealthy=true"}, ""},
+		{"host path created on the host", []string{"agent.hostPaths[0].path=/etc/eks", "agent.hostPaths[0].type=DirectoryOrCreate"}, "at '/agent/hostPaths/0/type'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := template(t, tc.sets...)

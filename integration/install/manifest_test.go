@@ -104,9 +104,24 @@ func TestAgentDaemonSetShape(t *testing.T) {
 		paths = append(paths, p)
 	}
 	sort.Strings(paths)
-	wantPaths := []string{"/etc/cni/net.d", "/etc/kubernetes/kubelet", "/opt/cni/bin", "/proc", "/run/dbus", "/sys/fs/cgroup"}
+	wantPaths := []string{"/etc/cni/net.d", "/etc/eks/kubelet", "/etc/kubernetes/kubelet", "/etc/os-release", "/etc/systemd/system",
+		"/opt/cni/bin", "/proc", "/run/dbus", "/sys/fs/cgroup", "/usr/lib/systemd/system", "/var/run/aws-node"}
 	if !slices.Equal(paths, wantPaths) {
 		t.Errorf("host paths = %v, want exactly %v", paths, wantPaths)
+	}
+
+	// Read-only host paths must not be created on the host by the kubelet: no ...OrCreate
+	// type except the CNI directories, which the agent must see appear at boot.
+	for _, v := range spec.Volumes {
+		if v.HostPath == nil || v.HostPath.Type == nil {
+			continue
+		}
+		switch ty := *v.HostPath.Type; ty {
+		case corev1.HostPathDirectoryOrCreate, corev1.HostPathFileOrCreate:
+			if v.HostPath.Path != "/etc/cni/net.d" && v.HostPath.Path != "/opt/cni/bin" && v.HostPath.Path != "/run/dbus" {
+				t.Errorf("host path %s has type %s: a read-only mount must not create it on the host", v.HostPath.Path, ty)
+			}
+		}
 	}
 
 	if len(spec.Containers) != 1 {

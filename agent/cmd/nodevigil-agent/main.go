@@ -48,12 +48,13 @@ import (
 	"github.com/nodevigil/nodevigil/collectors/cni"
 	"github.com/nodevigil/nodevigil/collectors/kubelet"
 	"github.com/nodevigil/nodevigil/collectors/memory"
-
-	// Mozilla's CA roots, used only when the system has none (the scratch image has none).
 	buildinfo "github.com/nodevigil/nodevigil/version"
-
-	_ "golang.org/x/crypto/x509roots/fallback"
 )
+
+// The agent embeds no CA roots (the remediator does, for the EC2 API): it only talks to its
+// cluster's API server, whose CA comes from the ServiceAccount volume or the kubeconfig, and
+// to node-local endpoints. Mozilla's bundle (golang.org/x/crypto/x509roots/fallback) is
+// parsed at start-up and cost 1.5 MiB of resident memory on every node for nothing.
 
 // version and commit are overridden at build time with -ldflags "-X main.version=... -X main.commit=...".
 var (
@@ -84,11 +85,14 @@ func main() {
 }
 
 // maxProcs caps GOMAXPROCS while the agent runs. Its work is a few I/O-bound checks, a Lease
-// renewal and a metrics scrape every 10 s (well under 1 mCPU), but the Go runtime sizes itself
-// to the node: without a CPU limit (the chart sets 20m, but other installs may not) GOMAXPROCS would be the node's core count,
-// and every P costs memory (per-P allocation caches, GC workers, threads). Measured with
-// integration/bench/agentsteady, 16 Ps cost 1.2 MiB more RSS than 2 for no gain.
-const maxProcs = 2
+// renewal and a metrics scrape every 10 s (well under 1 mCPU); nothing in it runs in parallel
+// for long. The Go runtime sizes itself to the node instead (to the CPU limit rounded up, at
+// least 2, since Go 1.25; to the core count without a limit), and every P costs: per-P
+// allocation caches, GC workers, threads, and a spinning M looking for work whenever a
+// goroutine wakes. Measured with integration/bench/agentsteady (docs/benchmarks.md): one P
+// instead of two saved 0.5 MiB RSS and a quarter of the idle CPU; 16 Ps had cost 1.2 MiB more
+// than 2.
+const maxProcs = 1
 
 // procs returns the GOMAXPROCS to set given the current value and whether the GOMAXPROCS
 // environment variable is set (an operator's explicit choice wins), or 0 to leave it.
@@ -182,12 +186,13 @@ func buildChecks(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(),
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubelet check: %w", err)
 	}
-	net, err := cni.New(cni.Config{HostRoot: cfg.HostRoot, ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, HealthURL: cfg.CNIHealthURL})
+	net, err := cni.New(cni.Config{HostRoot: cfg.HostRoot, ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, HealthURL: cfg.CNIHealthURL, Preset: cfg.CNIPreset})
 	if err != nil {
 		_ = kub.Close()
 		return nil, nil, fmt.Errorf("cni check: %w", err)
 	}
-	kcfg, err := kubelet.NewConfigCheck(kubelet.ConfigCheckConfig{HostRoot: cfg.HostRoot, ExpectedTaints: cfg.OwnedTaints})
+	kcfg, err := kubelet.NewConfigCheck(kubelet.ConfigCheckConfig{HostRoot: cfg.HostRoot, Unit: cfg.KubeletUnit,
+		ExpectedTaints: cfg.OwnedTaints, MissingIsUnhealthy: cfg.MissingOwnedTaintIsUnhealthy})
 	if err != nil {
 		_ = kub.Close()
 		return nil, nil, fmt.Errorf("kubelet-config check: %w", err)
@@ -331,9 +336,9 @@ func checkExitCode(stderr io.Writer, strict bool, results []collectors.Result) i
 		switch r.Status {
 		case collectors.StatusHealthy, collectors.StatusWarning:
 		case collectors.StatusUnhealthy:
-			unhealthy = append(unhealthy, r.Check)
+			unhealthy = append(unhealthy, string(r.Check))
 		default:
-			unknown = append(unknown, r.Check)
+			unknown = append(unknown, string(r.Check))
 		}
 	}
 	if len(unknown) > 0 {
@@ -356,7 +361,7 @@ func printResults(w io.Writer, format string, explain bool, results []collectors
 	if format == config.OutputJSON {
 		out := make([]checkOutput, len(results))
 		for i, r := range results {
-			out[i] = checkOutput{Check: r.Check, Status: string(r.Status), Reason: r.Reason, Message: r.Message}
+			out[i] = checkOutput{Check: string(r.Check), Status: string(r.Status), Reason: r.Reason, Message: r.Message}
 			if explain {
 				out[i].Inputs = r.Inputs
 			}

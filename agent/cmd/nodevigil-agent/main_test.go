@@ -17,7 +17,7 @@ import (
 
 type staticCheck struct{ r collectors.Result }
 
-func (s staticCheck) Name() string                            { return s.r.Check }
+func (s staticCheck) Name() collectors.CheckName              { return s.r.Check }
 func (s staticCheck) Check(context.Context) collectors.Result { return s.r }
 
 // fakeBuild returns a builder serving fixed results and records that the checks were closed.
@@ -31,7 +31,7 @@ func fakeBuild(closed *bool, rs ...collectors.Result) checkBuilder {
 	}
 }
 
-func res(check string, s collectors.Status, reason, msg string) collectors.Result {
+func res(check collectors.CheckName, s collectors.Status, reason, msg string) collectors.Result {
 	return collectors.Result{Check: check, Status: s, Reason: reason, Message: msg}
 }
 
@@ -136,23 +136,51 @@ func TestCheckJSON(t *testing.T) {
 func TestCheckOverTestdataHosts(t *testing.T) {
 	healthz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
 	defer healthz.Close()
+	// An AL2023 host root from the kubelet collector's fixtures: no kubelet process, the
+	// unit kubelet.service with nodeadm's environment file.
+	const al2023 = "../../../collectors/kubelet/testdata/hosts/al2023-env-ok"
 	for _, tc := range []struct {
+		name     string
 		host     string
+		args     []string
 		wantCode int
 		want     map[string]string // check -> status/reason
 	}{
-		{"healthy", 0, map[string]string{
+		{"healthy", "testdata/hosts/healthy", nil, 0, map[string]string{
 			"memory": "Healthy/NoMemoryPressure", "kubelet": "Healthy/KubeletHealthy",
 			"cni": "Healthy/CNIReady", "kubelet-config": "Healthy/KubeletConfigValid",
 		}},
-		{"missing-plugin", 1, map[string]string{
+		{"missing-plugin", "testdata/hosts/missing-plugin", nil, 1, map[string]string{
 			"memory": "Healthy/NoMemoryPressure", "cni": "Unhealthy/CNIPluginMissing",
 		}},
+		// The config reaches the collectors: a preset probes the CNI agent (nothing listens
+		// on Calico's Felix port here), the owned taint missing from the kubelet's flags is
+		// an advisory unless configured otherwise, and the unit named is the one read.
+		{"cni preset", "testdata/hosts/healthy", []string{"--cni-preset=calico"}, 1, map[string]string{
+			"cni": "Unhealthy/CNIAgentUnhealthy",
+		}},
+		{"cni preset none", "testdata/hosts/healthy", []string{"--cni-preset=none"}, 0, map[string]string{
+			"cni": "Healthy/CNIReady",
+		}},
+		{"missing owned taint is a warning", "testdata/hosts/healthy", []string{"--owned-taints=example.com/not-registered"}, 0, map[string]string{
+			"kubelet-config": "Warning/StartupTaintMissing",
+		}},
+		{"missing owned taint is unhealthy when configured", "testdata/hosts/healthy",
+			[]string{"--owned-taints=example.com/not-registered", "--missing-owned-taint-is-unhealthy"}, 1, map[string]string{
+				"kubelet-config": "Unhealthy/StartupTaintMissing",
+			}},
+		{"default kubelet unit", al2023, []string{"--owned-taints=node.cilium.io/agent-not-ready"}, 1 /* no CNI on that host */, map[string]string{
+			"kubelet-config": "Healthy/KubeletConfigValid",
+		}},
+		{"other kubelet unit", al2023, []string{"--owned-taints=node.cilium.io/agent-not-ready", "--kubelet-unit=kubelet-custom.service"}, 1, map[string]string{
+			"kubelet-config": "Unknown/KubeletProcessNotFound",
+		}},
 	} {
-		t.Run(tc.host, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(context.Background(), []string{"check", "--host-root", "testdata/hosts/" + tc.host,
-				"--kubelet-healthz-url", healthz.URL + "/healthz", "--output", "json", "--log-level", "error"}, &stdout, &stderr, buildChecks)
+			args := append([]string{"check", "--host-root", tc.host,
+				"--kubelet-healthz-url", healthz.URL + "/healthz", "--output", "json", "--log-level", "error"}, tc.args...)
+			code := run(context.Background(), args, &stdout, &stderr, buildChecks)
 			if code != tc.wantCode {
 				t.Errorf("exit = %d, want %d\nstdout: %s\nstderr: %s", code, tc.wantCode, stdout.String(), stderr.String())
 			}

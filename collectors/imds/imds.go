@@ -261,6 +261,9 @@ type Check struct {
 	kind collectors.CheckName
 }
 
+// Watcher is the Watcher behind the check, for the binary to Run it and wait on Changed.
+func (c Check) Watcher() *Watcher { return c.w }
+
 // Name implements the agent's Checker.
 func (c Check) Name() collectors.CheckName { return c.kind }
 

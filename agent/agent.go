@@ -708,7 +708,8 @@ func (a *Agent) recordAWSEvent(prev collectors.Result, seen bool, r collectors.R
 		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, r.Reason, "%s: %s", r.Check, r.Message)
 	case r.Status == collectors.StatusUnknown:
 		// Every kind reads the same service: one Event (on the spot kind) says it all.
-		if r.Check == collectors.CheckSpotInterruption && (!seen || prev.Status != collectors.StatusUnknown) {
+		// NotYetRead (collectors/imds) is the agent's own start-up, not an unreadable service.
+		if r.Check == collectors.CheckSpotInterruption && r.Reason != "NotYetRead" && (!seen || prev.Status != collectors.StatusUnknown || prev.Reason == "NotYetRead") {
 			a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonIMDSUnavailable, "%s: %s", r.Check, r.Message)
 		}
 	case seen && prev.Status == collectors.StatusUnhealthy:

@@ -70,6 +70,8 @@ const (
 	ReasonIMDSDisabled = "IMDSDisabled"
 	// ReasonIMDSv1Only: the token endpoint does not exist (404/405): an IMDSv1-only proxy.
 	ReasonIMDSv1Only = "IMDSv1Only"
+	// ReasonNotYetRead: the agent started and the Watcher has not read the kind yet.
+	ReasonNotYetRead = "NotYetRead"
 	// ReasonIMDSError: any other failure (a 5xx, a malformed answer).
 	ReasonIMDSError = "IMDSError"
 )
@@ -245,8 +247,9 @@ func (w *Watcher) Collect(ch chan<- prometheus.Metric) {
 // reason changed, so the agent can publish it without waiting for its next cycle.
 func (w *Watcher) Changed() <-chan struct{} { return w.changed }
 
-// Checks returns one check per kind of event, in collectors.AWSEventChecks order. Before Run
-// has polled a kind (and always in OneShot mode) its Check reads the service itself.
+// Checks returns one check per kind of event, in collectors.AWSEventChecks order. In OneShot
+// mode Check reads the service itself; otherwise it returns what Run read last (Unknown
+// NotYetRead before the first read).
 func (w *Watcher) Checks() []Check {
 	out := make([]Check, 0, 4)
 	for _, k := range collectors.AWSEventChecks() {
@@ -274,14 +277,17 @@ func (c Check) Check(ctx context.Context) collectors.Result {
 	w.mu.Lock()
 	r, ok := w.latest[c.kind]
 	w.mu.Unlock()
-	if ok && !w.cfg.OneShot {
+	if w.cfg.OneShot {
+		return w.read(ctx, c.kind)
+	}
+	if ok {
 		return r
 	}
-	res := w.read(ctx, c.kind)
-	if !w.cfg.OneShot {
-		w.store(res)
-	}
-	return res
+	// Run has not read this kind yet. No I/O here: a read can take the whole request timeout
+	// (a hop-limit drop), longer than the agent gives a check; Changed wakes the agent once
+	// the first read is in.
+	return collectors.Result{Check: c.kind, Status: collectors.StatusUnknown, Reason: ReasonNotYetRead,
+		Message: "the metadata service has not been read yet", Time: w.cfg.Clock.Now()}
 }
 
 // Run polls until ctx is done: the spot group every SpotInterval, the others every

@@ -439,3 +439,26 @@ func TestZoneSilenceWithShippedDefaultsPauses(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyNodeOfAQuietClusterIsRemediated: the test's node is the only one renewing Leases in
+// the cluster; when it dies, no kubelet or agent Lease changes any more, exactly as when the
+// remediator cannot observe. The remediator asks the API server, finds its cache current, and
+// remediates the node — a quiet cluster is not mistaken for blindness for ever.
+func TestOnlyNodeOfAQuietClusterIsRemediated(t *testing.T) {
+	e := newEnv(t)
+	only := e.addNode("us-east-1a")
+	r := e.startReplica("replica-a", e.config(false, faultPolicy), "--leader-elect=false")
+	e.waitReady(r)
+	e.waitFirstReady(only)
+	// Earlier tests' Nodes are deleted at their end; the garbage collector then removes their
+	// kubelet Leases.
+	e.eventually("this test's kubelet Lease the only one in the cluster", time.Minute, func(ctx context.Context) (bool, error) {
+		leases, err := e.client.CoordinationV1().Leases("kube-node-lease").List(ctx, metav1.ListOptions{})
+		return err == nil && len(leases.Items) == 1, nil
+	})
+	only.set(false, false)
+	e.terminatedOnce(only, 2*time.Minute)
+	if v := metricSum(e.metrics(r), "nodevigil_remediator_observation_verifications_total", `result="current"`); v < 1 {
+		t.Errorf("observation_verifications_total{result=current} = %v, want ≥ 1", v)
+	}
+}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,7 +27,9 @@ import (
 // with the harness's admin credentials. The apiserver's own apiserver_request_total cannot
 // tell the remediator from the load generator renewing 20,000 Leases (it has no user-agent
 // label), and the remediator runs as a separate process, so its client cannot be wrapped
-// from here: the proxy is the counting RoundTripper, one hop out.
+// from here: the proxy is the counting RoundTripper, one hop out. The apiserver's count is
+// read too (apiserverCounts) and, less the load generator's own requests (countingTransport),
+// printed beside the proxy's as the server-side check.
 type apiCounter struct {
 	proxy *httputil.ReverseProxy
 	srv   *http.Server
@@ -210,4 +215,108 @@ func countsBetween(before, after map[string]int64) string {
 		parts = append(parts, fmt.Sprintf("%s %d", k, after[k]-before[k]))
 	}
 	return fmt.Sprintf("%d: %s", total, strings.Join(parts, " · "))
+}
+
+// tally counts requests by requestKey.
+type tally struct {
+	mu     sync.Mutex
+	counts map[string]int64
+}
+
+func (t *tally) add(key string) {
+	t.mu.Lock()
+	if t.counts == nil {
+		t.counts = map[string]int64{}
+	}
+	t.counts[key]++
+	t.mu.Unlock()
+}
+
+func (t *tally) snapshot() map[string]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]int64, len(t.counts))
+	for k, v := range t.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// countingTransport counts the load generator's own requests, so that they can be subtracted
+// from the apiserver's count.
+type countingTransport struct {
+	next http.RoundTripper
+	t    *tally
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.t.add(requestKey(r.Method, r.URL))
+	return c.next.RoundTrip(r)
+}
+
+// apiserverCounts scrapes kube-apiserver's apiserver_request_total and sums it by verb and
+// resource[/subresource], keyed as requestKey keys them.
+func apiserverCounts(ctx context.Context, rc *rest.Config) (map[string]float64, error) {
+	httpc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("apiserver metrics client: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rc.Host+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := httpc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("apiserver metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("apiserver metrics: %s", resp.Status)
+	}
+	const series = "apiserver_request_total{"
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, series) {
+			continue
+		}
+		end := strings.LastIndexByte(line, '}')
+		if end < len(series) {
+			continue
+		}
+		labels := map[string]string{}
+		for _, kv := range strings.Split(line[len(series):end], ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				labels[k] = strings.Trim(v, `"`)
+			}
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(line[end+1:]), 64)
+		if err != nil || labels["resource"] == "" {
+			continue
+		}
+		key := labels["verb"] + " " + labels["resource"]
+		if sub := labels["subresource"]; sub != "" {
+			key += "/" + sub
+		}
+		out[key] += v
+	}
+	return out, sc.Err()
+}
+
+// serverSideRate is the apiserver's count of a window less the load generator's, per minute,
+// by key: what every other client (the remediator, and kube-apiserver's own loopback clients)
+// sent.
+func serverSideRate(srvBefore, srvAfter map[string]float64, genBefore, genAfter map[string]int64, window time.Duration) apiRate {
+	r := apiRate{window: window, byKey: map[string]float64{}}
+	mins := window.Minutes()
+	for k, v := range srvAfter {
+		d := v - srvBefore[k] - float64(genAfter[k]-genBefore[k])
+		if d > 0.5 {
+			r.byKey[k] = d / mins
+			r.total += d / mins
+		}
+	}
+	return r
 }

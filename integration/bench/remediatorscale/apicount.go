@@ -296,7 +296,15 @@ func apiserverCounts(ctx context.Context, rc *rest.Config) (map[string]float64, 
 		if err != nil || labels["resource"] == "" {
 			continue
 		}
-		key := labels["verb"] + " " + labels["resource"]
+		// The apiserver names writes by their HTTP method; requestKey by their meaning.
+		verb := labels["verb"]
+		switch verb {
+		case "PUT":
+			verb = "UPDATE"
+		case "POST":
+			verb = "CREATE"
+		}
+		key := verb + " " + labels["resource"]
 		if sub := labels["subresource"]; sub != "" {
 			key += "/" + sub
 		}

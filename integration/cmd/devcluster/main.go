@@ -69,6 +69,8 @@ func up(ctx context.Context, args []string) error {
 	binDir := fs.String("bin-dir", "bin", "where `make build` put nodevigil-agent and nodevigil-remediator")
 	agentAddr := fs.String("agent-listen", "127.0.0.1:9736", "address of the agent's /metrics, /healthz, /readyz")
 	remAddr := fs.String("remediator-listen", "127.0.0.1:9737", "address of the remediator's /metrics, /healthz, /readyz")
+	withFleet := fs.Bool("fleet", true, "also run a simulated fleet (kwok kubelets, real and simulated agents) and the remediator for real against the EC2 emulator")
+	fleetAddr := fs.String("fleet-listen", "127.0.0.1:9738", "address fleetctl talks to (fault injection)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,6 +79,14 @@ func up(ctx context.Context, args []string) error {
 			return fmt.Errorf("%s not found in %s: run `make build` first (make run does): %w", b, *binDir, err)
 		}
 	}
+	var kwokBin string
+	if *withFleet {
+		var err error
+		if kwokBin, err = controlplane.FindOrBuildKwok(ctx, controlplane.BuildConfig{}); err != nil {
+			return err
+		}
+	}
+	begun := time.Now() // every binary is built: the start-up time counts from here
 	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir})
 	if err != nil {
 		return err
@@ -105,6 +115,19 @@ func up(ctx context.Context, args []string) error {
 	}
 	defer emu.Close()
 
+	var fl *devFleet
+	var kwokExited <-chan error
+	remMode := []string{"--dry-run"}
+	if *withFleet {
+		fl, err = startFleet(ctx, fleetConfig(cp, emu, filepath.Join(*binDir, "nodevigil-agent"), kwokBin,
+			filepath.Join(cp.Dir(), "fleet"), os.Stdout), *fleetAddr, begun)
+		if err != nil {
+			return err
+		}
+		defer logFleetStop(fl)
+		kwokExited = fl.fleet.KwokExited()
+		remMode = []string{"--config", fl.config}
+	}
 	agent, err := startChild(filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
 		"--node-name", host, "--namespace", devNamespace, "--pod-name", "nodevigil-agent-" + host,
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", "/", "--listen-address", *agentAddr,
@@ -114,22 +137,28 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stopChild("nodevigil-agent", agent)
-	rem, err := startChild(filepath.Join(*binDir, "nodevigil-remediator"), []string{
-		"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace, "--dry-run",
+	remArgs := append([]string{"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace}, remMode...)
+	rem, err := startChild(filepath.Join(*binDir, "nodevigil-remediator"), append(remArgs,
 		"--listen-address", *remAddr, "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", devClusterTag, "--log-format", "text",
-	}, "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
+	), "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
 	if err != nil {
 		return err
 	}
 	defer stopChild("nodevigil-remediator", rem)
 
+	remModeText, fleetText := "dry-run", ""
+	if fl != nil {
+		remModeText = "acting on the EC2 emulator (config " + fl.config + ")"
+		fleetText = "\n" + fl.instructions(cp.KubeconfigPath(), filepath.Join(*binDir, "kubectl-nodevigil")) +
+			"  (docs/scenarios.md walks through each one)\n"
+	}
 	fmt.Printf(`
 nodevigil is running locally:
   control plane  %[1]s (kube-apiserver, etcd, kube-controller-manager)
   EC2 emulator   %[2]s (instance %[3]s)
   agent          node %[4]q, metrics http://%[5]s/metrics
-  remediator     dry-run, metrics http://%[6]s/metrics
+  remediator     %[10]s, metrics http://%[6]s/metrics
 
   kubeconfig: %[7]s
   try:  kubectl --kubeconfig %[7]s get node %[4]s -o yaml
@@ -138,14 +167,17 @@ nodevigil is running locally:
         curl -s http://%[5]s/metrics | grep nodevigil_
   The agent runs against this machine's real /proc and CNI directories. There is no kubelet
   here, so the Node turns Ready=Unknown and the agent says what it sees (KubeletHealthy,
-  NetworkingReady); the remediator, in dry-run, records what it would do about it.
-Ctrl-C stops everything.
+  NetworkingReady); the remediator records what it would do about it (its policy for this
+  node only reports).
+%[11]sCtrl-C stops everything.
 `, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath(),
-		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace)
+		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace, remModeText, fleetText)
 
 	select {
 	case <-ctx.Done():
 		return nil
+	case err := <-kwokExited:
+		return fmt.Errorf("kwok exited: %w", err)
 	case err := <-agent.exited:
 		return fmt.Errorf("nodevigil-agent exited: %w", err)
 	case err := <-rem.exited:

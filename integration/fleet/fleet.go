@@ -540,3 +540,14 @@ func hasTaint(obj *corev1.Node, key string) bool {
 	}
 	return false
 }
+
+// Join adds one node to the pool called pool, in zone, as the autoscaler would launch it (with
+// the startup taint), with a real agent or a simulated one.
+func (f *Fleet) Join(ctx context.Context, pool, zone string, real bool) (*Node, error) {
+	for _, p := range f.cfg.Pools {
+		if p.Name == pool {
+			return f.join(ctx, p, zone, real)
+		}
+	}
+	return nil, fmt.Errorf("fleet: no pool %q", pool)
+}

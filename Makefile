@@ -20,6 +20,8 @@ UNIT_PKGS    = $(shell $(GO) list ./... | grep -v /integration)
 INTEG_PKGS   = $(shell $(GO) list ./integration/...)
 BENCHTIME   ?= 2s
 BENCHCOUNT  ?= 6
+# Extra flags for `devcluster up` (make run), e.g. RUNFLAGS=--fleet=false.
+RUNFLAGS    ?=
 
 .DEFAULT_GOAL := help
 
@@ -77,8 +79,8 @@ fuzz-diff: ## Differential fuzz of the taint grammar against the kubelet and API
 	cd $(DIFFFUZZ) && $(GO) test -run='^$$' -fuzz='^FuzzConfigTaints$$' -fuzztime=$(FUZZTIME) .
 
 .PHONY: run
-run: build control-plane ## Run nodevigil locally: control plane, EC2 emulator, agent for this host, remediator in dry-run.
-	$(GO) run ./integration/cmd/devcluster up
+run: build control-plane ## Run nodevigil locally: control plane, EC2 emulator, a simulated fleet (kwok), agents, remediator.
+	$(GO) run ./integration/cmd/devcluster up $(RUNFLAGS)
 
 .PHONY: control-plane
 control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager; print their paths.

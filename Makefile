@@ -79,12 +79,16 @@ fuzz-diff: ## Differential fuzz of the taint grammar against the kubelet and API
 	cd $(DIFFFUZZ) && $(GO) test -run='^$$' -fuzz='^FuzzConfigTaints$$' -fuzztime=$(FUZZTIME) .
 
 .PHONY: run
-run: build control-plane ## Run nodevigil locally: control plane, EC2 emulator, a simulated fleet (kwok), agents, remediator.
+run: build control-plane kwok ## Run nodevigil locally: control plane, EC2 emulator, a simulated fleet (kwok), agents, remediator.
 	$(GO) run ./integration/cmd/devcluster up $(RUNFLAGS)
 
 .PHONY: control-plane
 control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager; print their paths.
 	@$(GO) run ./integration/cmd/devcluster paths
+
+.PHONY: kwok
+kwok: ## Find or build kwok (the fleet's simulated kubelets, for make run and the scenario tests); print its path.
+	@$(GO) run ./integration/cmd/devcluster kwok
 
 .PHONY: manifests
 manifests: ## Render manifests/install.yaml from the Helm chart.

@@ -37,6 +37,11 @@ func main() {
 	switch os.Args[1] {
 	case "paths":
 		err = paths(ctx)
+	case "kwok":
+		var p string
+		if p, err = controlplane.FindOrBuildKwok(ctx, controlplane.BuildConfig{}); err == nil {
+			fmt.Printf("kwok                    %s\n", p)
+		}
 	case "up":
 		err = up(ctx, os.Args[2:])
 	default:
@@ -50,7 +55,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: devcluster paths | up [--dir DIR] [--bin-dir DIR]")
+	fmt.Fprintln(os.Stderr, "usage: devcluster paths | kwok | up [--dir DIR] [--bin-dir DIR] [--fleet=false] [--fleet-listen ADDR]")
 }
 
 func paths(ctx context.Context) error {

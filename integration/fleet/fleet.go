@@ -35,10 +35,13 @@ import (
 
 // Labels, annotations and taints the fleet puts on its Nodes.
 const (
-	// KwokAnnotation marks the Nodes the fleet's kwok manages; its value is the fleet's ID, so
+	// KwokLabel marks the Nodes the fleet's kwok manages; its value is the fleet's ID, so
 	// several fleets on one control plane (parallel tests) never drive each other's nodes.
-	// Removing it is how a kubelet "dies": kwok stops renewing the node's Lease and status.
-	KwokAnnotation = "kwok.x-k8s.io/node"
+	// Removing it is how a kubelet "dies": kwok selects nodes with it server-side, so the node
+	// leaves kwok's watch (a DELETED event) and kwok stops renewing its Lease and status. (An
+	// annotation would not do: kwok filters annotations client-side and keeps renewing the
+	// Lease of a node that no longer matches.)
+	KwokLabel = "kwok.x-k8s.io/node"
 	// AgentLabel says whether a node's agent is a real process ("real") or a simulated
 	// heartbeat ("simulated"), so `kubectl get nodes -L` shows which is which.
 	AgentLabel = "dev.nodevigil.io/agent"
@@ -213,11 +216,12 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	kwok, err := startChild(f.cfg.Output, "kwok", cfg.KwokBin, []string{
 		"--kubeconfig", cfg.Kubeconfig,
 		"--manage-all-nodes=false",
-		"--manage-nodes-with-annotation-selector", KwokAnnotation + "=" + cfg.ID,
+		"--manage-nodes-with-label-selector", KwokLabel + "=" + cfg.ID,
 		"--node-lease-duration-seconds", fmt.Sprint(cfg.KubeletLeaseSeconds),
 		"--cidr", "10.244.0.1/16",
 		"--node-ip", "10.0.0.1",
 		"--server-address", "",
+		"--v", "WARN",
 	})
 	if err != nil {
 		f.Stop()
@@ -316,9 +320,8 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool)
 			Name: name,
 			Labels: map[string]string{
 				f.cfg.PoolLabel: pool.Name, ZoneLabel: zone, AgentLabel: agentKind, FleetLabel: f.cfg.ID,
-				"kubernetes.io/hostname": name, "type": "kwok",
+				"kubernetes.io/hostname": name, "type": "kwok", KwokLabel: f.cfg.ID,
 			},
-			Annotations: map[string]string{KwokAnnotation: f.cfg.ID},
 		},
 		Spec: corev1.NodeSpec{
 			ProviderID: "aws:///" + zone + "/" + id,
@@ -446,13 +449,13 @@ func (f *Fleet) deleteWhenTerminated(n *Node) {
 }
 
 // setKwok makes kwok manage the node (its "kubelet" runs) or not (it died): without the
-// annotation kwok stops renewing the node's Lease and status.
+// label kwok stops renewing the node's Lease and status.
 func (f *Fleet) setKwok(ctx context.Context, n *Node, on bool) error {
 	val := "null"
 	if on {
 		val = fmt.Sprintf("%q", f.cfg.ID)
 	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, KwokAnnotation, val)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, KwokLabel, val)
 	_, err := f.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	if err != nil {
 		return fmt.Errorf("fleet: switch kubelet of %s: %w", n.Name, err)

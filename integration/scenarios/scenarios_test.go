@@ -159,7 +159,7 @@ func (w *world) startRemediator(name string) *testbin.Process {
 		"--listen-address", addr, "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
-		"--resync-period", "5s", "--termination-confirm-delay", "2s",
+		"--resync-period", "10s", "--termination-confirm-delay", "2s",
 		"--log-format", "text",
 	}, "POD_NAME="+name, "AWS_ACCESS_KEY_ID=scenario", "AWS_SECRET_ACCESS_KEY=scenario", "AWS_CA_BUNDLE=")
 	if err != nil {
@@ -173,6 +173,9 @@ func (w *world) startRemediator(name string) *testbin.Process {
 		}
 	})
 	w.eventually(name+" serving /healthz", 30*time.Second, func() bool {
+		if exited, err := p.Exited(); exited {
+			w.t.Fatalf("%s exited: %v\n%s", name, err, p.LogTail(20))
+		}
 		return testbin.HTTPStatus(w.t.Context(), "http://"+addr+"/healthz") == 200
 	})
 	return p

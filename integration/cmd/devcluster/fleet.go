@@ -12,6 +12,10 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/fleet"
@@ -57,6 +61,13 @@ func startFleet(ctx context.Context, cfg fleet.Config, listen string, begun time
 		return nil, fmt.Errorf("write remediator config: %w", err)
 	}
 	d.config = cfgPath
+	// The same config where the kubectl plugin looks for it (as the Helm chart installs it).
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "nodevigil-remediator", Namespace: cfg.AgentNamespace},
+		Data: map[string]string{"remediator.yaml": fleet.RemediatorConfig(f.Config(), fleet.DevTimings)}}
+	if _, err := cfg.Client.CoreV1().ConfigMaps(cfg.AgentNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		f.Stop()
+		return nil, fmt.Errorf("create remediator configmap: %w", err)
+	}
 	l, err := net.Listen("tcp", listen)
 	if err != nil {
 		f.Stop()
@@ -120,21 +131,23 @@ func expectation(kind string) string {
 	switch kind {
 	case "kubelet-oom":
 		return fmt.Sprintf("KubeletHealthy=False at once (real agents), Ready=Unknown after ~20s; "+
-			"general: KubeletUnhealthy, cordoned, drained, terminated ~%s later and a replacement joins; kafka: cordoned, drain waits on do-not-disrupt",
-			(25*time.Second + t.KubeletUnhealthy).Round(time.Second))
+			"general: KubeletUnhealthy after ~25s, cordoned %s later, drained (a dead kubelet never confirms its pods gone: the %s drain timeout, then Proceed), "+
+			"terminated ~%s after the fault and a replacement joins; kafka: cordoned only",
+			t.KubeletUnhealthy, t.DrainTimeout, (25*time.Second + t.KubeletUnhealthy + t.DrainTimeout).Round(time.Second))
 	case "node-silent":
-		return fmt.Sprintf("Ready=Unknown after ~20s; NodeSilent once both Leases expire (~25s), "+
-			"general: terminated ~%s after that and replaced; kafka: cordoned only", t.SilentNode)
+		return fmt.Sprintf("Ready=Unknown after ~20s; NodeSilent once both Leases expire (~25s); "+
+			"general: cordoned %s later, drained (up to %s), terminated ~%s after the fault and replaced; kafka: cordoned only, never terminated",
+			t.SilentNode, t.DrainTimeout, (25*time.Second + t.SilentNode + t.DrainTimeout).Round(time.Second))
 	case "agent-crash":
-		return "AgentSilent after ~13s (Event, metric); the node is never cordoned or terminated"
+		return "AgentSilent after ~13s (Event, metric); the node is never cordoned or terminated (it does count towards its zone's pause threshold)"
 	case "cni-break":
-		return fmt.Sprintf("NetworkingReady=False within ~2s; general: ConditionUnhealthy, terminated after %s and replaced; kafka: reported only", t.NetworkingReady)
+		return fmt.Sprintf("NetworkingReady=False within ~2s; general: ConditionUnhealthy, cordoned after %s, terminated after the drain and replaced; kafka: reported only", t.NetworkingReady)
 	case "memory-pressure":
 		return "MemoryHealthy=False within ~2s; reported, not remediated (no pool lists MemoryHealthy)"
 	case "bad-taint":
 		return "KubeletConfigValid=False within ~2s, reason StartupTaintMalformed, naming the drop-in, its line and the fix"
 	case "zone-dark":
-		return "every node of the zone Ready=Unknown after ~20s; the zone is paused (more than 50% silent): nothing terminated"
+		return "every node of the zone Ready=Unknown after ~20s, NodeSilent after ~25s; ~30s later each is blocked with ZonePaused (more than 50% of the zone silent): nothing terminated; heal the zone and it resumes"
 	}
 	return ""
 }
@@ -155,7 +168,7 @@ func (d *devFleet) instructions(kubeconfig, plugin string) string {
 			simNode = n.Name
 		}
 	}
-	b.WriteString("  break something (then: " + plugin + " --kubeconfig " + kubeconfig + " explain NODE):\n")
+	b.WriteString("  break something (then: " + plugin + " --kubeconfig " + kubeconfig + " -n " + devNamespace + " explain NODE):\n")
 	for _, f := range fleet.Faults {
 		target := simNode
 		if f.RealOnly || f.Name == "kubelet-oom" {

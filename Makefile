@@ -90,6 +90,10 @@ control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager
 kwok: ## Find or build kwok (the fleet's simulated kubelets, for make run and the scenario tests); print its path.
 	@$(GO) run ./integration/cmd/devcluster kwok
 
+.PHONY: timeline
+timeline: control-plane kwok ## Regenerate docs/remediation-timeline.svg from a real run (scenario S000's Events).
+	NODEVIGIL_TIMELINE_SVG=$(CURDIR)/docs/remediation-timeline.svg $(GO) test -count=1 -run '^TestS000' ./integration/scenarios/
+
 .PHONY: manifests
 manifests: ## Render manifests/install.yaml from the Helm chart.
 	bash manifests/render.sh

@@ -56,6 +56,7 @@ func (f *Fleet) Inject(ctx context.Context, kind, target string) error {
 			if err := f.silence(ctx, n); err != nil {
 				return err
 			}
+			f.record(ctx, n, EventFaultInjected, kind+" "+target+": "+fault.Does)
 		}
 		f.cfg.Logger.Info("fault injected", "fault", kind, "zone", target, "nodes", len(nodes))
 		return nil
@@ -87,6 +88,7 @@ func (f *Fleet) Inject(ctx context.Context, kind, target string) error {
 	if err != nil {
 		return err
 	}
+	f.record(ctx, n, EventFaultInjected, kind+": "+fault.Does)
 	f.cfg.Logger.Info("fault injected", "fault", kind, "node", n.Name)
 	return nil
 }

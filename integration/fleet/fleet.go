@@ -299,7 +299,7 @@ func (f *Fleet) Config() Config { return f.cfg }
 
 // join creates one node: its instance, its Node (startup taint, providerID, pool and zone),
 // its workload pod, and its agent (a real process or a simulated heartbeat).
-func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool) (*Node, error) {
+func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool, replaces ...string) (*Node, error) {
 	f.mu.Lock()
 	f.seq++
 	seq := f.seq
@@ -322,11 +322,15 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool)
 				f.cfg.PoolLabel: pool.Name, ZoneLabel: zone, AgentLabel: agentKind, FleetLabel: f.cfg.ID,
 				"kubernetes.io/hostname": name, "type": "kwok", KwokLabel: f.cfg.ID,
 			},
+			Annotations: map[string]string{},
 		},
 		Spec: corev1.NodeSpec{
 			ProviderID: "aws:///" + zone + "/" + id,
 			Taints:     []corev1.Taint{{Key: StartupTaint, Value: "true", Effect: corev1.TaintEffectNoExecute}},
 		},
+	}
+	if len(replaces) > 0 {
+		obj.Annotations[ReplacesAnnotation] = replaces[0]
 	}
 	created, err := f.cfg.Client.CoreV1().Nodes().Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
@@ -351,6 +355,9 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool)
 	f.nodes[name] = n
 	f.order = append(f.order, name)
 	f.mu.Unlock()
+	if len(replaces) > 0 {
+		f.record(ctx, n, EventReplacementJoined, "joined pool "+pool.Name+" in "+zone+" with the startup taint, replacing "+replaces[0])
+	}
 	f.cfg.Logger.Info("node joined", "node", name, "pool", pool.Name, "zone", zone, "instance_id", id, "agent", agentKind)
 	return n, nil
 }
@@ -395,7 +402,7 @@ func (f *Fleet) replacementLoop() {
 			}
 			f.retire(n)
 			f.cfg.Logger.Info("instance terminated; launching a replacement", "node", n.Name, "instance_id", n.InstanceID, "pool", n.Pool)
-			r, err := f.join(f.ctx, n.spec, n.Zone, n.Real)
+			r, err := f.join(f.ctx, n.spec, n.Zone, n.Real, n.Name)
 			if err != nil {
 				if f.ctx.Err() == nil {
 					f.cfg.Logger.Error("replacement failed", "node", n.Name, "err", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/fleet"
 	"github.com/nodevigil/nodevigil/integration/testbin"
+	"github.com/nodevigil/nodevigil/integration/timeline"
 	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
@@ -393,6 +394,26 @@ func TestS000KubeletOOMKilledNodeIsReplaced(t *testing.T) {
 		t.Errorf("%d TerminateInstances calls, want 1 (only %s): %v", got, victim.Name, w.emu.TerminateCalls())
 	}
 	t.Logf("S000: %s OOM-killed at %s, replaced by %s, total %s", victim.Name, injected.Format(time.TimeOnly), r.Name, time.Since(injected).Round(time.Second))
+
+	// The run's story, from the cluster's Events; `make timeline` keeps the picture in docs/.
+	points, err := timeline.Collect(t.Context(), w.client, victim.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, p := range points {
+		reasons = append(reasons, p.Reason)
+	}
+	for _, want := range []string{fleet.EventFaultInjected, "RemediationStarted", "Cordoned", "InstanceTerminated", fleet.EventReplacementJoined, "StartupTaintsRemoved"} {
+		if !containsString(reasons, want) {
+			t.Errorf("the timeline lacks %s: %v", want, reasons)
+		}
+	}
+	if out := os.Getenv("NODEVIGIL_TIMELINE_SVG"); out != "" {
+		if err := os.WriteFile(out, timeline.SVG("S000: a kubelet OOM-killed, its node replaced (general pool, make test timings)", victim.Name, points), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // S001: one fleet, two pools, two policies. The same failure (a whole node silent) in the

@@ -103,8 +103,12 @@ type Config struct {
 	// drown the remediator's story.
 	AgentLogLevel string
 	// Output receives the children's logs (kwok, agents), each line prefixed with its name.
-	// Default os.Stderr.
+	// Default os.Stderr. Ignored when Writer is set.
 	Output io.Writer
+	// Writer, when set, returns the writer for one child's output (named "kwok" or
+	// "agent <node>"), for a caller that prefixes and serialises lines itself (devcluster's
+	// terminal). The fleet closes it when the child exits.
+	Writer func(name string) io.WriteCloser
 	// HostFixtures is the directory of EKS host roots (collectors/kubelet/testdata/hosts).
 	// Default: found next to this package's source.
 	HostFixtures string
@@ -213,7 +217,7 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 		f.Stop()
 		return nil, fmt.Errorf("fleet: create namespace %s: %w", WorkloadNamespace, err)
 	}
-	kwok, err := startChild(f.cfg.Output, "kwok", cfg.KwokBin, []string{
+	kwok, err := f.startChild("kwok", cfg.KwokBin, []string{
 		"--kubeconfig", cfg.Kubeconfig,
 		"--manage-all-nodes=false",
 		"--manage-nodes-with-label-selector", KwokLabel + "=" + cfg.ID,

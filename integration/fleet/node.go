@@ -134,7 +134,7 @@ func (n *Node) startAgent() error {
 		"--log-format", "text",
 		"--log-level", c.AgentLogLevel,
 	}
-	ch, err := startChild(c.Output, "agent "+n.Name, c.AgentBin, args)
+	ch, err := n.fleet.startChild("agent "+n.Name, c.AgentBin, args)
 	if err != nil {
 		return err
 	}
@@ -233,7 +233,8 @@ func ready(obj *corev1.Node) bool {
 	return false
 }
 
-// child is a process whose output is copied line by line, prefixed with its name.
+// child is a process whose output is copied line by line, prefixed with its name (or handed
+// to Config.Writer).
 type child struct {
 	name   string
 	cmd    *exec.Cmd
@@ -241,7 +242,24 @@ type child struct {
 	done   chan struct{}
 }
 
-func startChild(out io.Writer, name, path string, args []string) (*child, error) {
+func (f *Fleet) startChild(name, path string, args []string) (*child, error) {
+	if f.cfg.Writer != nil {
+		w := f.cfg.Writer(name)
+		cmd := exec.Command(path, args...)
+		cmd.Stdout, cmd.Stderr = w, w
+		if err := testbin.StartTied(cmd); err != nil {
+			return nil, fmt.Errorf("fleet: start %s: %w", name, err)
+		}
+		c := &child{name: name, cmd: cmd, exited: make(chan error, 1), done: make(chan struct{})}
+		go func() {
+			err := cmd.Wait()
+			_ = w.Close()
+			c.exited <- err
+			close(c.done)
+		}()
+		return c, nil
+	}
+	out := f.cfg.Output
 	cmd := exec.Command(path, args...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw

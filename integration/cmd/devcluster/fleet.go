@@ -32,14 +32,15 @@ type devFleet struct {
 
 // fleetConfig is the fleet `make run` brings up: the default pools, make run's timings
 // (kubelet Lease 20s, agent Lease 10s), agents quiet unless something is wrong.
-func fleetConfig(cp *controlplane.ControlPlane, emu *ec2emu.Server, agentBin, kwokBin, dir string, out io.Writer) fleet.Config {
+func fleetConfig(cp *controlplane.ControlPlane, emu *ec2emu.Server, agentBin, kwokBin, dir string, term *terminal) fleet.Config {
 	client, _ := cp.Client()
 	return fleet.Config{
 		Client: client, Kubeconfig: cp.KubeconfigPath(), EC2: emu, ClusterTag: devClusterTag,
 		AgentBin: agentBin, KwokBin: kwokBin, AgentNamespace: devNamespace, Dir: dir,
 		Pools: fleet.DefaultPools(""), KubeletLeaseSeconds: 20, AgentLeaseDuration: 10 * time.Second,
 		AgentRenewInterval: 2 * time.Second, CheckInterval: 2 * time.Second, StabilityWindow: 5 * time.Second,
-		Output: out,
+		Writer: func(name string) io.WriteCloser { return term.writer(name) },
+		Logger: slog.New(slog.NewTextHandler(term.writer("fleet"), nil)),
 	}
 }
 

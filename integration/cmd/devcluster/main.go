@@ -84,15 +84,22 @@ func up(ctx context.Context, args []string) error {
 			return fmt.Errorf("%s not found in %s: run `make build` first (make run does): %w", b, *binDir, err)
 		}
 	}
+	term := newTerminal(os.Stdout, "control-plane", "devcluster", "ec2-emulator", "nodevigil-agent", "nodevigil-remediator", "fleet", "kwok")
+	own := term.writer("devcluster")
+	defer own.Close()
+	slog.SetDefault(slog.New(slog.NewTextHandler(own, nil)))
+
+	cpOut := term.writer("control-plane")
+	defer cpOut.Close()
 	var kwokBin string
 	if *withFleet {
 		var err error
-		if kwokBin, err = controlplane.FindOrBuildKwok(ctx, controlplane.BuildConfig{}); err != nil {
+		if kwokBin, err = controlplane.FindOrBuildKwok(ctx, controlplane.BuildConfig{Progress: cpOut}); err != nil {
 			return err
 		}
 	}
 	begun := time.Now() // every binary is built: the start-up time counts from here
-	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir})
+	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir, Progress: cpOut, Build: controlplane.BuildConfig{Progress: cpOut}})
 	if err != nil {
 		return err
 	}
@@ -111,7 +118,11 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 
-	emu := ec2emu.New(ec2emu.Config{})
+	emuOut := term.writer("ec2-emulator")
+	defer emuOut.Close()
+	// The emulator logs every call at Info; at Warn only failures and injected faults show, so
+	// the fleet's story is not buried under DescribeInstances lines.
+	emu := ec2emu.New(ec2emu.Config{Logger: slog.New(slog.NewTextHandler(emuOut, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err := emu.AddInstance(ec2emu.Instance{ID: devInstanceID, Zone: devZone, Tags: map[string]string{devClusterTag: "owned"}}); err != nil {
 		return err
 	}
@@ -125,7 +136,7 @@ func up(ctx context.Context, args []string) error {
 	remMode := []string{"--dry-run"}
 	if *withFleet {
 		fl, err = startFleet(ctx, fleetConfig(cp, emu, filepath.Join(*binDir, "nodevigil-agent"), kwokBin,
-			filepath.Join(cp.Dir(), "fleet"), os.Stdout), *fleetAddr, begun)
+			filepath.Join(cp.Dir(), "fleet"), term), *fleetAddr, begun)
 		if err != nil {
 			return err
 		}
@@ -133,7 +144,7 @@ func up(ctx context.Context, args []string) error {
 		kwokExited = fl.fleet.KwokExited()
 		remMode = []string{"--config", fl.config}
 	}
-	agent, err := startChild(filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
+	agent, err := startChild(term, "nodevigil-agent", filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
 		"--node-name", host, "--namespace", devNamespace, "--pod-name", "nodevigil-agent-" + host,
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", "/", "--listen-address", *agentAddr,
 		"--log-format", "text",
@@ -143,7 +154,7 @@ func up(ctx context.Context, args []string) error {
 	}
 	defer stopChild("nodevigil-agent", agent)
 	remArgs := append([]string{"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace}, remMode...)
-	rem, err := startChild(filepath.Join(*binDir, "nodevigil-remediator"), append(remArgs,
+	rem, err := startChild(term, "nodevigil-remediator", filepath.Join(*binDir, "nodevigil-remediator"), append(remArgs,
 		"--listen-address", *remAddr, "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", devClusterTag, "--log-format", "text",
 	), "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
@@ -158,7 +169,7 @@ func up(ctx context.Context, args []string) error {
 		fleetText = "\n" + fl.instructions(cp.KubeconfigPath(), filepath.Join(*binDir, "kubectl-nodevigil")) +
 			"  (docs/scenarios.md walks through each one)\n"
 	}
-	fmt.Printf(`
+	term.block(fmt.Sprintf(`
 nodevigil is running locally:
   control plane  %[1]s (kube-apiserver, etcd, kube-controller-manager)
   EC2 emulator   %[2]s (instance %[3]s)
@@ -174,9 +185,9 @@ nodevigil is running locally:
   here, so the Node turns Ready=Unknown and the agent says what it sees (KubeletHealthy,
   NetworkingReady); the remediator records what it would do about it (its policy for this
   node only reports).
-%[11]sCtrl-C stops everything.
+%[11]sEvery line below is prefixed with the process that wrote it. Ctrl-C stops everything.
 `, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath(),
-		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace, remModeText, fleetText)
+		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace, remModeText, fleetText))
 
 	select {
 	case <-ctx.Done():
@@ -225,15 +236,21 @@ type child struct {
 	exited chan error
 }
 
-func startChild(path string, args []string, env ...string) (*child, error) {
+// startChild starts one of our binaries with its output prefixed by name on the terminal.
+func startChild(term *terminal, name, path string, args []string, env ...string) (*child, error) {
 	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	out := term.writer(name)
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), env...)
 	if err := testbin.StartTied(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", path, err)
 	}
 	c := &child{cmd: cmd, exited: make(chan error, 1)}
-	go func() { c.exited <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		_ = out.Close()
+		c.exited <- err
+	}()
 	return c, nil
 }
 

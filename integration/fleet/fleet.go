@@ -345,6 +345,7 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool,
 		return nil, err
 	}
 	if real {
+		n.hostRoot = filepath.Join(f.cfg.Dir, name) // set once, before anything reads it
 		if err := n.setupHost(); err != nil {
 			return nil, err
 		}

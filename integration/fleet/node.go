@@ -74,7 +74,6 @@ func (n *Node) HostRoot() string { return n.hostRoot }
 // setupHost lays out the node's host root: an EKS AL2 node (unit files, kubelet command
 // line), calm memory, a working CNI.
 func (n *Node) setupHost() error {
-	n.hostRoot = filepath.Join(n.fleet.cfg.Dir, n.Name)
 	if err := copyTree(filepath.Join(n.fleet.cfg.HostFixtures, hostOK), n.hostRoot); err != nil {
 		return fmt.Errorf("fleet: host root of %s: %w", n.Name, err)
 	}

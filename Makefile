@@ -20,6 +20,8 @@ UNIT_PKGS    = $(shell $(GO) list ./... | grep -v /integration)
 INTEG_PKGS   = $(shell $(GO) list ./integration/...)
 BENCHTIME   ?= 2s
 BENCHCOUNT  ?= 6
+# Extra flags for `devcluster up` (make run), e.g. RUNFLAGS=--fleet=false.
+RUNFLAGS    ?=
 
 .DEFAULT_GOAL := help
 
@@ -77,12 +79,20 @@ fuzz-diff: ## Differential fuzz of the taint grammar against the kubelet and API
 	cd $(DIFFFUZZ) && $(GO) test -run='^$$' -fuzz='^FuzzConfigTaints$$' -fuzztime=$(FUZZTIME) .
 
 .PHONY: run
-run: build control-plane ## Run nodevigil locally: control plane, EC2 emulator, agent for this host, remediator in dry-run.
-	$(GO) run ./integration/cmd/devcluster up
+run: build control-plane kwok ## Run nodevigil locally: control plane, EC2 emulator, a simulated fleet (kwok), agents, remediator.
+	$(GO) run ./integration/cmd/devcluster up $(RUNFLAGS)
 
 .PHONY: control-plane
 control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager; print their paths.
 	@$(GO) run ./integration/cmd/devcluster paths
+
+.PHONY: kwok
+kwok: ## Find or build kwok (the fleet's simulated kubelets, for make run and the scenario tests); print its path.
+	@$(GO) run ./integration/cmd/devcluster kwok
+
+.PHONY: timeline
+timeline: control-plane kwok ## Regenerate docs/remediation-timeline.svg from a real run (scenario S000's Events).
+	NODEVIGIL_TIMELINE_SVG=$(CURDIR)/docs/remediation-timeline.svg $(GO) test -count=1 -run '^TestS000' ./integration/scenarios/
 
 .PHONY: manifests
 manifests: ## Render manifests/install.yaml from the Helm chart.

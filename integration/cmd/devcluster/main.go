@@ -37,6 +37,11 @@ func main() {
 	switch os.Args[1] {
 	case "paths":
 		err = paths(ctx)
+	case "kwok":
+		var p string
+		if p, err = controlplane.FindOrBuildKwok(ctx, controlplane.BuildConfig{}); err == nil {
+			fmt.Printf("kwok                    %s\n", p)
+		}
 	case "up":
 		err = up(ctx, os.Args[2:])
 	default:
@@ -50,7 +55,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: devcluster paths | up [--dir DIR] [--bin-dir DIR]")
+	fmt.Fprintln(os.Stderr, "usage: devcluster paths | kwok | up [--dir DIR] [--bin-dir DIR] [--fleet=false] [--fleet-listen ADDR]")
 }
 
 func paths(ctx context.Context) error {
@@ -69,6 +74,8 @@ func up(ctx context.Context, args []string) error {
 	binDir := fs.String("bin-dir", "bin", "where `make build` put nodevigil-agent and nodevigil-remediator")
 	agentAddr := fs.String("agent-listen", "127.0.0.1:9736", "address of the agent's /metrics, /healthz, /readyz")
 	remAddr := fs.String("remediator-listen", "127.0.0.1:9737", "address of the remediator's /metrics, /healthz, /readyz")
+	withFleet := fs.Bool("fleet", true, "also run a simulated fleet (kwok kubelets, real and simulated agents) and the remediator for real against the EC2 emulator")
+	fleetAddr := fs.String("fleet-listen", "127.0.0.1:9738", "address fleetctl talks to (fault injection)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,13 +84,21 @@ func up(ctx context.Context, args []string) error {
 			return fmt.Errorf("%s not found in %s: run `make build` first (make run does): %w", b, *binDir, err)
 		}
 	}
-	term := newTerminal(os.Stdout, "control-plane", "devcluster", "ec2-emulator", "nodevigil-agent", "nodevigil-remediator")
+	term := newTerminal(os.Stdout, "control-plane", "devcluster", "ec2-emulator", "nodevigil-agent", "nodevigil-remediator", "fleet", "kwok")
 	own := term.writer("devcluster")
 	defer own.Close()
 	slog.SetDefault(slog.New(slog.NewTextHandler(own, nil)))
 
 	cpOut := term.writer("control-plane")
 	defer cpOut.Close()
+	var kwokBin string
+	if *withFleet {
+		var err error
+		if kwokBin, err = controlplane.FindOrBuildKwok(ctx, controlplane.BuildConfig{Progress: cpOut}); err != nil {
+			return err
+		}
+	}
+	begun := time.Now() // every binary is built: the start-up time counts from here
 	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir, Progress: cpOut, Build: controlplane.BuildConfig{Progress: cpOut}})
 	if err != nil {
 		return err
@@ -116,6 +131,19 @@ func up(ctx context.Context, args []string) error {
 	}
 	defer emu.Close()
 
+	var fl *devFleet
+	var kwokExited <-chan error
+	remMode := []string{"--dry-run"}
+	if *withFleet {
+		fl, err = startFleet(ctx, fleetConfig(cp, emu, filepath.Join(*binDir, "nodevigil-agent"), kwokBin,
+			filepath.Join(cp.Dir(), "fleet"), term), *fleetAddr, begun)
+		if err != nil {
+			return err
+		}
+		defer logFleetStop(fl)
+		kwokExited = fl.fleet.KwokExited()
+		remMode = []string{"--config", fl.config}
+	}
 	agent, err := startChild(term, "nodevigil-agent", filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
 		"--node-name", host, "--namespace", devNamespace, "--pod-name", "nodevigil-agent-" + host,
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", "/", "--listen-address", *agentAddr,
@@ -125,22 +153,28 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stopChild("nodevigil-agent", agent)
-	rem, err := startChild(term, "nodevigil-remediator", filepath.Join(*binDir, "nodevigil-remediator"), []string{
-		"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace, "--dry-run",
+	remArgs := append([]string{"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace}, remMode...)
+	rem, err := startChild(term, "nodevigil-remediator", filepath.Join(*binDir, "nodevigil-remediator"), append(remArgs,
 		"--listen-address", *remAddr, "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", devClusterTag, "--log-format", "text",
-	}, "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
+	), "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
 	if err != nil {
 		return err
 	}
 	defer stopChild("nodevigil-remediator", rem)
 
+	remModeText, fleetText := "dry-run", ""
+	if fl != nil {
+		remModeText = "acting on the EC2 emulator (config " + fl.config + ")"
+		fleetText = "\n" + fl.instructions(cp.KubeconfigPath(), filepath.Join(*binDir, "kubectl-nodevigil")) +
+			"  (docs/scenarios.md walks through each one)\n"
+	}
 	term.block(fmt.Sprintf(`
 nodevigil is running locally:
   control plane  %[1]s (kube-apiserver, etcd, kube-controller-manager)
   EC2 emulator   %[2]s (instance %[3]s)
   agent          node %[4]q, metrics http://%[5]s/metrics
-  remediator     dry-run, metrics http://%[6]s/metrics
+  remediator     %[10]s, metrics http://%[6]s/metrics
 
   kubeconfig: %[7]s
   try:  kubectl --kubeconfig %[7]s get node %[4]s -o yaml
@@ -149,14 +183,17 @@ nodevigil is running locally:
         curl -s http://%[5]s/metrics | grep nodevigil_
   The agent runs against this machine's real /proc and CNI directories. There is no kubelet
   here, so the Node turns Ready=Unknown and the agent says what it sees (KubeletHealthy,
-  NetworkingReady); the remediator, in dry-run, records what it would do about it.
-Every line below is prefixed with the process that wrote it. Ctrl-C stops everything.
+  NetworkingReady); the remediator records what it would do about it (its policy for this
+  node only reports).
+%[11]sEvery line below is prefixed with the process that wrote it. Ctrl-C stops everything.
 `, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath(),
-		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace))
+		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace, remModeText, fleetText))
 
 	select {
 	case <-ctx.Done():
 		return nil
+	case err := <-kwokExited:
+		return fmt.Errorf("kwok exited: %w", err)
 	case err := <-agent.exited:
 		return fmt.Errorf("nodevigil-agent exited: %w", err)
 	case err := <-rem.exited:

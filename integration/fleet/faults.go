@@ -1,0 +1,163 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Fault is one way a node (or a zone) breaks.
+type Fault struct {
+	// Name is what `fleetctl fault NAME TARGET` takes.
+	Name string
+	// Zone says the target is a zone, not a node.
+	Zone bool
+	// RealOnly says the fault needs a real agent reading a host root.
+	RealOnly bool
+	// Does says what the fault does to the node.
+	Does string
+}
+
+// Faults lists every fault the fleet can inject.
+var Faults = []Fault{
+	{Name: "kubelet-oom", Does: "the kubelet is OOM-killed and stays dead: /healthz fails, its Lease and status stop; the agent lives"},
+	{Name: "node-silent", Does: "the whole machine goes silent: kubelet and agent stop at once"},
+	{Name: "agent-crash", Does: "only the agent dies; the kubelet keeps posting status"},
+	{Name: "cni-break", RealOnly: true, Does: "the CNI conflist disappears from /etc/cni/net.d"},
+	{Name: "memory-pressure", RealOnly: true, Does: "memory PSI climbs to 80% and MemAvailable to 90 MB"},
+	{Name: "bad-taint", RealOnly: true, Does: "the bootstrap drop-in mis-quotes --register-with-taints (S004)"},
+	{Name: "zone-dark", Zone: true, Does: "every node of the zone goes silent at once"},
+}
+
+// LookupFault returns the fault called name.
+func LookupFault(name string) (Fault, bool) {
+	for _, f := range Faults {
+		if f.Name == name {
+			return f, true
+		}
+	}
+	return Fault{}, false
+}
+
+// Inject breaks target (a node name, or a zone for zone-dark) with the fault called kind.
+func (f *Fleet) Inject(ctx context.Context, kind, target string) error {
+	fault, ok := LookupFault(kind)
+	if !ok {
+		return fmt.Errorf("unknown fault %q; one of: %s", kind, strings.Join(faultNames(), ", "))
+	}
+	if fault.Zone {
+		nodes := f.zoneNodes(target)
+		if len(nodes) == 0 {
+			return fmt.Errorf("zone %q has no nodes; zones: %s", target, strings.Join(f.cfg.Zones, ", "))
+		}
+		for _, n := range nodes {
+			if err := f.silence(ctx, n); err != nil {
+				return err
+			}
+			f.record(ctx, n, EventFaultInjected, kind+" "+target+": "+fault.Does)
+		}
+		f.cfg.Logger.Info("fault injected", "fault", kind, "zone", target, "nodes", len(nodes))
+		return nil
+	}
+	n, ok := f.Node(target)
+	if !ok {
+		return fmt.Errorf("no live node %q; nodes: %s", target, strings.Join(f.nodeNames(false), ", "))
+	}
+	if fault.RealOnly && !n.Real {
+		return fmt.Errorf("node %s has a simulated agent, which reads no host; fault %s needs one of the real-agent nodes: %s",
+			n.Name, kind, strings.Join(f.nodeNames(true), ", "))
+	}
+	var err error
+	switch kind {
+	case "kubelet-oom":
+		n.setKubelet(false)
+		err = f.setKwok(ctx, n, false)
+	case "node-silent":
+		err = f.silence(ctx, n)
+	case "agent-crash":
+		n.stopAgent()
+	case "cni-break":
+		err = n.writeCNI(false)
+	case "memory-pressure":
+		err = n.writeMemory(true)
+	case "bad-taint":
+		err = copyTree(filepath.Join(f.cfg.HostFixtures, hostBadTaint), n.hostRoot)
+	}
+	if err != nil {
+		return err
+	}
+	f.record(ctx, n, EventFaultInjected, kind+": "+fault.Does)
+	f.cfg.Logger.Info("fault injected", "fault", kind, "node", n.Name)
+	return nil
+}
+
+func (f *Fleet) silence(ctx context.Context, n *Node) error {
+	n.setKubelet(false)
+	n.stopAgent()
+	return f.setKwok(ctx, n, false)
+}
+
+// Heal undoes every fault on target (a node or a zone): kubelet back, agent restarted, host
+// root healthy again.
+func (f *Fleet) Heal(ctx context.Context, target string) error {
+	nodes := f.zoneNodes(target)
+	if n, ok := f.Node(target); ok {
+		nodes = []*Node{n}
+	}
+	if len(nodes) == 0 {
+		return fmt.Errorf("no live node or zone %q; nodes: %s", target, strings.Join(f.nodeNames(false), ", "))
+	}
+	for _, n := range nodes {
+		n.setKubelet(true)
+		if err := f.setKwok(ctx, n, true); err != nil {
+			return err
+		}
+		if n.Real {
+			if err := n.setupHost(); err != nil {
+				return err
+			}
+			if !n.agentRunning() {
+				if err := n.startAgent(); err != nil {
+					return err
+				}
+			}
+		} else {
+			n.mu.Lock()
+			n.agentUp = true
+			n.mu.Unlock()
+		}
+		f.cfg.Logger.Info("node healed", "node", n.Name)
+	}
+	return nil
+}
+
+func (f *Fleet) zoneNodes(zone string) []*Node {
+	var out []*Node
+	for _, n := range f.Nodes() {
+		if n.Zone == zone {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (f *Fleet) nodeNames(realOnly bool) []string {
+	var out []string
+	for _, n := range f.Nodes() {
+		if !realOnly || n.Real {
+			out = append(out, n.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func faultNames() []string {
+	out := make([]string, len(Faults))
+	for i, f := range Faults {
+		out[i] = f.Name
+	}
+	return out
+}

@@ -1,0 +1,170 @@
+// Package timeline turns a real run's Events into a picture of one remediation: the fault, the
+// decision, cordon, drain, termination and the replacement becoming ready, on one time axis.
+// It reads what the cluster recorded (the agents', the remediator's, kube-controller-manager's
+// and the simulated fleet's Events about the node and its replacement), so the picture shows
+// what happened, not what was meant to.
+package timeline
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"html"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Point is one Event on the timeline.
+type Point struct {
+	At      time.Time
+	Node    string
+	Source  string
+	Reason  string
+	Message string
+}
+
+// Collect returns the Events about node and about the node that replaced it (the one whose
+// ReplacementJoined Event names it), oldest first.
+func Collect(ctx context.Context, client kubernetes.Interface, node string) ([]Point, error) {
+	list, err := client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node"})
+	if err != nil {
+		return nil, fmt.Errorf("list node events: %w", err)
+	}
+	names := map[string]bool{node: true}
+	for _, ev := range list.Items {
+		if ev.Reason == "ReplacementJoined" && strings.HasSuffix(ev.Message, "replacing "+node) {
+			names[ev.InvolvedObject.Name] = true
+		}
+	}
+	var out []Point
+	for _, ev := range list.Items {
+		if !names[ev.InvolvedObject.Name] {
+			continue
+		}
+		out = append(out, Point{At: when(ev), Node: ev.InvolvedObject.Name, Source: source(ev), Reason: ev.Reason, Message: ev.Message})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no Events about node %s (Events live one hour)", node)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	// The story starts at the fault, when one was injected (the node's boot is another story).
+	for i, p := range out {
+		if p.Reason == "FaultInjected" && p.Node == node {
+			out = out[i:]
+			break
+		}
+	}
+	return out, nil
+}
+
+func when(ev corev1.Event) time.Time {
+	for _, t := range []time.Time{ev.EventTime.Time, ev.FirstTimestamp.Time, ev.CreationTimestamp.Time} {
+		if !t.IsZero() {
+			return t
+		}
+	}
+	return time.Time{}
+}
+
+func source(ev corev1.Event) string {
+	if ev.Source.Component != "" {
+		return ev.Source.Component
+	}
+	return ev.ReportingController
+}
+
+// milestones are the steps of one remediation, in order, and the Event reasons that mark them.
+var milestones = []struct {
+	name    string
+	reasons []string
+	colour  string
+}{
+	{"fault", []string{"FaultInjected"}, "#d62728"},
+	{"decided", []string{"RemediationStarted"}, "#ff7f0e"},
+	{"cordoned", []string{"Cordoned"}, "#bcbd22"},
+	{"drain started", []string{"DrainStarted"}, "#9467bd"},
+	{"drained", []string{"DrainCompleted", "DrainTimedOut"}, "#8c564b"},
+	{"terminated", []string{"InstanceTerminated", "TerminationRequested"}, "#1f77b4"},
+	{"replacement joined", []string{"ReplacementJoined"}, "#17becf"},
+	{"replacement ready", []string{"StartupTaintsRemoved"}, "#2ca02c"},
+}
+
+// SVG draws the points about node (and its replacement): a bar of the remediation's phases (from one milestone to the next) on
+// top, then one row per Event with its offset from the first, reason, node and source.
+func SVG(title, node string, points []Point) []byte {
+	const (
+		left, width, row, barY, barH = 20.0, 560.0, 18.0, 60.0, 26.0
+	)
+	t0, t1 := points[0].At, points[len(points)-1].At
+	span := t1.Sub(t0).Seconds()
+	if span <= 0 {
+		span = 1
+	}
+	x := func(t time.Time) float64 { return left + width*t.Sub(t0).Seconds()/span }
+	listY := barY + barH + 80 // below four staggered rows of milestone labels
+	h := listY + row*float64(len(points)) + 20
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", int(left+width+420), int(h))
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
+	fmt.Fprintf(&b, `<text x="%g" y="40" fill="#555">%s, %s in all; generated from the cluster's Events by integration/timeline</text>`+"\n",
+		left, t0.UTC().Format("2006-01-02 15:04:05 UTC"), t1.Sub(t0).Round(time.Second))
+	// Phase bar: each milestone's first occurrence, in order of time.
+	type mark struct {
+		at     time.Time
+		name   string
+		colour string
+	}
+	var marks []mark
+	for _, m := range milestones {
+		for _, p := range points {
+			replacement := p.Node != node
+			if containsStr(m.reasons, p.Reason) && replacement == strings.HasPrefix(m.name, "replacement") {
+				marks = append(marks, mark{p.At, m.name, m.colour})
+				break
+			}
+		}
+	}
+	sort.SliceStable(marks, func(i, j int) bool { return marks[i].at.Before(marks[j].at) })
+	for i, m := range marks {
+		end := t1
+		if i+1 < len(marks) {
+			end = marks[i+1].at
+		}
+		w := x(end) - x(m.at)
+		if w < 1 {
+			w = 1
+		}
+		fmt.Fprintf(&b, `<rect x="%.1f" y="%g" width="%.1f" height="%g" fill="%s" opacity="0.85"><title>%s</title></rect>`+"\n",
+			x(m.at), barY, w, barH, m.colour, html.EscapeString(m.name))
+		labelY := barY + barH + 14 + float64(i%4)*14 // milestones often share a second
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="%s"/>`+"\n", x(m.at), barY, x(m.at), labelY-10, m.colour)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%g" fill="%s">%s +%.0fs</text>`+"\n", x(m.at)+2, labelY, m.colour,
+			html.EscapeString(m.name), m.at.Sub(t0).Seconds())
+	}
+	// Every Event.
+	for i, p := range points {
+		y := listY + row*float64(i)
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%g" r="4" fill="#333"/>`+"\n", x(p.At), y-4)
+		fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#eee"/>`+"\n", left, y+3, left+width, y+3)
+		fmt.Fprintf(&b, `<text x="%g" y="%g"><tspan font-weight="bold">+%5.1fs %s</tspan> %s (%s)<title>%s</title></text>`+"\n",
+			left+width+12, y, p.At.Sub(t0).Seconds(), html.EscapeString(p.Reason), html.EscapeString(p.Node),
+			html.EscapeString(p.Source), html.EscapeString(p.Message))
+	}
+	b.WriteString("</svg>\n")
+	return b.Bytes()
+}
+
+func containsStr(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,71 @@
+package timeline
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSVGMilestones: each milestone is drawn once, at the first Event that marks it, and the
+// startup-taint removal counts as "replacement ready" only on the replacement, never on the
+// node that died (which removed its own taint when it booted).
+func TestSVGMilestones(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 16, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	tests := []struct {
+		name   string
+		points []Point
+		want   []string // milestone labels, in order
+		absent []string
+	}{
+		{
+			name: "full remediation",
+			points: []Point{
+				{At: at(0), Node: "a", Reason: "FaultInjected"},
+				{At: at(18), Node: "a", Reason: "RemediationStarted"},
+				{At: at(18), Node: "a", Reason: "Cordoned"},
+				{At: at(18), Node: "a", Reason: "DrainStarted"},
+				{At: at(38), Node: "a", Reason: "DrainTimedOut"},
+				{At: at(38), Node: "a", Reason: "InstanceTerminated"},
+				{At: at(39), Node: "b", Reason: "ReplacementJoined"},
+				{At: at(43), Node: "b", Reason: "StartupTaintsRemoved"},
+			},
+			want: []string{"fault +0s", "decided +18s", "cordoned +18s", "drain started +18s", "drained +38s",
+				"terminated +38s", "replacement joined +39s", "replacement ready +43s"},
+		},
+		{
+			name: "the dead node's own taint removal is not the replacement's",
+			points: []Point{
+				{At: at(0), Node: "a", Reason: "StartupTaintsRemoved"},
+				{At: at(5), Node: "a", Reason: "FaultInjected"},
+			},
+			want:   []string{"fault +5s"},
+			absent: []string{"replacement ready"},
+		},
+	}
+	label := regexp.MustCompile(`fill="#[0-9a-f]+">([a-z ]+ \+\d+s)</text>`)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svg := string(SVG("title <&>", "a", tt.points))
+			var got []string
+			for _, m := range label.FindAllStringSubmatch(svg, -1) {
+				got = append(got, m[1])
+			}
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") {
+				t.Errorf("milestones\n got %q\nwant %q", got, tt.want)
+			}
+			for _, a := range tt.absent {
+				if strings.Contains(strings.Join(got, "|"), a) {
+					t.Errorf("milestone %q drawn: %q", a, got)
+				}
+			}
+			if !strings.Contains(svg, "title &lt;&amp;&gt;") {
+				t.Error("the title is not escaped")
+			}
+			if n := strings.Count(svg, "<circle"); n != len(tt.points) {
+				t.Errorf("%d event markers, want %d", n, len(tt.points))
+			}
+		})
+	}
+}

@@ -52,8 +52,6 @@ type metadata struct {
 	tokens        map[string]time.Time // token → expiry (Config.Clock)
 	tokenCalls    int
 	metadataCalls int
-	listener      net.Listener
-	srv           *http.Server
 }
 
 // SetIMDSMode sets how instance id's metadata service answers (see IMDSMode).

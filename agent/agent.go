@@ -156,6 +156,13 @@ type Config struct {
 	// Repairer, when set, is given the kubelet result every cycle (local kubelet repair).
 	Repairer Repairer
 
+	// Wake, when set, runs a cycle as soon as it receives, between the CheckInterval ticks:
+	// the IMDS watcher signals a changed AWS event on it, so a spot notice reaches the Node
+	// within the watcher's poll interval instead of the agent's check interval.
+	Wake <-chan struct{}
+	// Collectors are further metrics registered on Registry (the IMDS watcher's).
+	Collectors []prometheus.Collector
+
 	// ListenAddress serves /metrics, /healthz, /readyz (default :9736).
 	ListenAddress string
 	// APITimeout bounds each API call of the condition and taint managers (default 5s).
@@ -349,6 +356,11 @@ func (a *Agent) registerMetrics() error {
 	for name := range a.running {
 		a.checkErrors.WithLabelValues(string(name))
 	}
+	for _, c := range a.cfg.Collectors {
+		if err := a.cfg.Registry.Register(c); err != nil {
+			return fmt.Errorf("agent: register metrics: %w", err)
+		}
+	}
 	// Checks may export their own metrics (the memory check's kernel OOM-kill counter).
 	for _, c := range a.cfg.Checks {
 		if pc, ok := c.(prometheus.Collector); ok {
@@ -439,6 +451,8 @@ func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 		select {
 		case <-ctx.Done():
 		case <-ticker.C():
+			continue
+		case <-a.cfg.Wake: // nil when unset: never ready
 			continue
 		}
 		break
@@ -669,6 +683,37 @@ func (a *Agent) observe(results []collectors.Result) {
 			args = append(args, "err", r.Err.Error())
 		}
 		a.cfg.Logger.Log(context.Background(), level, "check status changed", args...)
+		if collectors.IsAWSEvent(r.Check) {
+			a.recordAWSEvent(prev, seen, r)
+		}
+	}
+}
+
+// Event reasons of the AWS event checks: the result's own reason (the event code in
+// CamelCase, e.g. SpotTerminate, InstanceReboot) when an event appears, and these.
+const (
+	// ReasonAWSEventCleared: a pending AWS event is gone (withdrawn, canceled, completed).
+	ReasonAWSEventCleared = "AWSEventCleared"
+	// ReasonIMDSUnavailable: the metadata service cannot be read; AWS events are not seen.
+	ReasonIMDSUnavailable = "IMDSUnavailable"
+)
+
+// recordAWSEvent records an Event on the Node when an AWS event check changes: Warning with
+// the event code as reason when an event is pending, Normal when it cleared, Warning once
+// when the metadata service became unreadable (its conditions say Unknown with the cause and
+// the fix). A healthy first result records nothing.
+func (a *Agent) recordAWSEvent(prev collectors.Result, seen bool, r collectors.Result) {
+	switch {
+	case r.Status == collectors.StatusUnhealthy:
+		a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, r.Reason, "%s: %s", r.Check, r.Message)
+	case r.Status == collectors.StatusUnknown:
+		// Every kind reads the same service: one Event (on the spot kind) says it all.
+		// NotYetRead (collectors/imds) is the agent's own start-up, not an unreadable service.
+		if r.Check == collectors.CheckSpotInterruption && r.Reason != "NotYetRead" && (!seen || prev.Status != collectors.StatusUnknown || prev.Reason == "NotYetRead") {
+			a.recorder.Eventf(a.nodeRef, v1.EventTypeWarning, ReasonIMDSUnavailable, "%s: %s", r.Check, r.Message)
+		}
+	case seen && prev.Status == collectors.StatusUnhealthy:
+		a.recorder.Eventf(a.nodeRef, v1.EventTypeNormal, ReasonAWSEventCleared, "%s: %s (was %s: %s)", r.Check, r.Message, prev.Reason, prev.Message)
 	}
 }
 

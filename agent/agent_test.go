@@ -111,7 +111,7 @@ func newHarness(t *testing.T, mut func(*Config)) *harness {
 		checks:   map[collectors.CheckName]*fakeCheck{},
 	}
 	var checks []Checker
-	for _, n := range []collectors.CheckName{"memory", "kubelet", "cni", "kubelet-config"} {
+	for _, n := range append([]collectors.CheckName{"memory", "kubelet", "cni", "kubelet-config"}, collectors.AWSEventChecks()...) {
 		c := &fakeCheck{name: n}
 		c.set(collectors.StatusHealthy, "OK", nil)
 		h.checks[n] = c

@@ -46,11 +46,41 @@ const (
 	CheckCNI CheckName = "cni"
 	// CheckKubeletConfig is the kubelet's startup-taint flags (collectors/kubelet ConfigCheck).
 	CheckKubeletConfig CheckName = "kubelet-config"
+
+	// CheckSpotInterruption is a spot interruption notice in the instance metadata
+	// (spot/instance-action, collectors/imds).
+	CheckSpotInterruption CheckName = "spot-interruption"
+	// CheckRebalanceRecommendation is an EC2 rebalance recommendation
+	// (events/recommendations/rebalance, collectors/imds).
+	CheckRebalanceRecommendation CheckName = "rebalance-recommendation"
+	// CheckScheduledEvents is the instance's active scheduled events: reboots, retirement,
+	// stop (events/maintenance/scheduled, collectors/imds).
+	CheckScheduledEvents CheckName = "scheduled-events"
+	// CheckASGLifecycle is the Auto Scaling target lifecycle state
+	// (autoscaling/target-lifecycle-state, collectors/imds).
+	CheckASGLifecycle CheckName = "asg-lifecycle"
 )
 
 // Checks returns every check name, in the order `check` prints them.
 func Checks() []CheckName {
 	return []CheckName{CheckMemory, CheckKubelet, CheckCNI, CheckKubeletConfig}
+}
+
+// AWSEventChecks returns the checks that report AWS-initiated events (collectors/imds), in the
+// order `check` prints them. They are not health checks: a pending event says AWS is taking
+// the instance away, not that the node is broken, so they never gate startup taints and what
+// an event means is decided per pool by the remediator's interruptions policy.
+func AWSEventChecks() []CheckName {
+	return []CheckName{CheckSpotInterruption, CheckRebalanceRecommendation, CheckScheduledEvents, CheckASGLifecycle}
+}
+
+// IsAWSEvent reports whether c is one of AWSEventChecks.
+func IsAWSEvent(c CheckName) bool {
+	switch c {
+	case CheckSpotInterruption, CheckRebalanceRecommendation, CheckScheduledEvents, CheckASGLifecycle:
+		return true
+	}
+	return false
 }
 
 // Result is what one run of a check observed. Reason is a CamelCase machine-readable word

@@ -120,6 +120,12 @@ func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, 
 		if err := c.clearBlocked(ctx, node); err != nil {
 			return 0, err
 		}
+		// AWS-initiated events (interruptions_act.go), for nodes remediation leaves alone.
+		r, err := c.syncInterruptions(ctx, node, p, now)
+		if err != nil {
+			return 0, err
+		}
+		return interruptionRequeue(d.RequeueAfter, r), nil
 	}
 	return d.RequeueAfter, nil
 }

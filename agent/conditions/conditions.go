@@ -43,6 +43,20 @@ const (
 	TypeNetworkingReady v1.NodeConditionType = "NetworkingReady"
 	// TypeKubeletConfigValid reports the "kubelet-config" check (startup taints registered).
 	TypeKubeletConfigValid v1.NodeConditionType = "KubeletConfigValid"
+
+	// The AWS event conditions (collectors/imds), True while no event of the kind is pending,
+	// False with the event code as reason while one is, Unknown when the metadata service
+	// cannot be read. They report what AWS decided, not a node fault: the remediator's
+	// per-pool interruptions policy decides what each means (docs/interruptions.md).
+
+	// TypeNoSpotInterruption reports the "spot-interruption" check (spot/instance-action).
+	TypeNoSpotInterruption v1.NodeConditionType = "NoSpotInterruption"
+	// TypeNoRebalanceRecommendation reports the "rebalance-recommendation" check.
+	TypeNoRebalanceRecommendation v1.NodeConditionType = "NoRebalanceRecommendation"
+	// TypeNoScheduledEvent reports the "scheduled-events" check (events/maintenance/scheduled).
+	TypeNoScheduledEvent v1.NodeConditionType = "NoScheduledEvent"
+	// TypeNoASGTermination reports the "asg-lifecycle" check (autoscaling/target-lifecycle-state).
+	TypeNoASGTermination v1.NodeConditionType = "NoASGTermination"
 )
 
 var checkTypes = map[collectors.CheckName]v1.NodeConditionType{
@@ -50,6 +64,11 @@ var checkTypes = map[collectors.CheckName]v1.NodeConditionType{
 	collectors.CheckKubelet:       TypeKubeletHealthy,
 	collectors.CheckCNI:           TypeNetworkingReady,
 	collectors.CheckKubeletConfig: TypeKubeletConfigValid,
+
+	collectors.CheckSpotInterruption:        TypeNoSpotInterruption,
+	collectors.CheckRebalanceRecommendation: TypeNoRebalanceRecommendation,
+	collectors.CheckScheduledEvents:         TypeNoScheduledEvent,
+	collectors.CheckASGLifecycle:            TypeNoASGTermination,
 }
 
 // TypeForCheck returns the condition type a check is published as, and false for a check the

@@ -125,6 +125,10 @@ func allHealthy() []collectors.Result {
 		result("kubelet", collectors.StatusHealthy, "KubeletActive", "unit active"),
 		result("cni", collectors.StatusHealthy, "CNIReady", "10-aws.conflist valid"),
 		result("kubelet-config", collectors.StatusHealthy, "StartupTaintsRegistered", "all expected taints registered"),
+		result("spot-interruption", collectors.StatusHealthy, "NoEvent", "no spot interruption notice"),
+		result("rebalance-recommendation", collectors.StatusHealthy, "NoEvent", "no rebalance recommendation"),
+		result("scheduled-events", collectors.StatusHealthy, "NoEvent", "no active scheduled event"),
+		result("asg-lifecycle", collectors.StatusHealthy, "NoEvent", "the instance is not in an Auto Scaling group"),
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/nodevigil/nodevigil/agent/taints"
 	"github.com/nodevigil/nodevigil/collectors"
 	"github.com/nodevigil/nodevigil/collectors/cni"
+	"github.com/nodevigil/nodevigil/collectors/imds"
 	"github.com/nodevigil/nodevigil/collectors/memory"
 )
 
@@ -185,6 +186,8 @@ type Config struct {
 	// Memory holds the memory check's thresholds; zero fields keep the defaults documented in
 	// docs/agent-verdicts.md.
 	Memory MemoryConfig `json:"memory,omitempty"`
+	// IMDS configures the AWS event checks (instance metadata service, IMDSv2).
+	IMDS IMDSConfig `json:"imds,omitempty"`
 	// CNIConfDir is the CNI configuration directory as seen on the host.
 	CNIConfDir string `json:"cniConfDir,omitempty"`
 	// CNIBinDir is the CNI plugin directory as seen on the host.
@@ -203,6 +206,31 @@ type Config struct {
 	LogLevel string `json:"logLevel,omitempty"`
 	// LogFormat is json or text.
 	LogFormat string `json:"logFormat,omitempty"`
+}
+
+// IMDSConfig is the AWS event watcher's part of the config file (see collectors/imds.Config):
+// which metadata service to read and how often.
+type IMDSConfig struct {
+	// Disabled turns the AWS event checks off (their conditions are then not written).
+	Disabled bool `json:"disabled,omitempty"`
+	// Endpoint overrides the metadata service's URL (default the SDK's:
+	// $AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254). Flag --imds-endpoint.
+	Endpoint string `json:"endpoint,omitempty"`
+	// SpotInterval is how often the spot paths are read (default 2s).
+	SpotInterval metav1.Duration `json:"spotInterval,omitempty"`
+	// EventInterval is how often scheduled events and the ASG lifecycle state are read
+	// (default 1m).
+	EventInterval metav1.Duration `json:"eventInterval,omitempty"`
+	// Timeout bounds one read, session token included (default 2s).
+	Timeout metav1.Duration `json:"timeout,omitempty"`
+	// MaxBackoff caps the retry delay while the service cannot be read (default 5m).
+	MaxBackoff metav1.Duration `json:"maxBackoff,omitempty"`
+}
+
+// WatcherConfig is the collectors/imds configuration this section describes.
+func (c IMDSConfig) WatcherConfig() imds.Config {
+	return imds.Config{Endpoint: c.Endpoint, SpotInterval: c.SpotInterval.Duration, EventInterval: c.EventInterval.Duration,
+		Timeout: c.Timeout.Duration, MaxBackoff: c.MaxBackoff.Duration}
 }
 
 // MemoryConfig is the memory check's part of the config file (see collectors/memory.Config).
@@ -257,6 +285,17 @@ Exit codes:
      named on stderr)
   1  at least one check is Unhealthy, or Unknown with --strict
   2  usage or configuration error (reported once on stderr)
+
+AWS events (spot-interruption, rebalance-recommendation, scheduled-events, asg-lifecycle),
+read from the instance metadata service (IMDSv2 only; --imds-endpoint or
+$AWS_EC2_METADATA_SERVICE_ENDPOINT to point elsewhere):
+  a pending event (spot notice, rebalance recommendation, active scheduled reboot,
+  retirement or stop, ASG termination) is a Warning: exit 0. AWS is taking the instance
+  away; the node itself is not unhealthy, and what the event means is decided by the
+  pool's interruptions policy, not by this command.
+  a metadata service that cannot be read (off EC2, hop limit 1 without hostNetwork,
+  endpoint disabled, IMDSv1-only proxy) is Unknown with the cause and fix, and never
+  changes the exit code, even with --strict: it follows the other checks' verdicts.
 
 Flags:
 `
@@ -438,6 +477,7 @@ func newFlagSet(mode Mode, c *Config) *flag.FlagSet {
 	fs.StringVar(&c.CNIPreset, "cni-preset", c.CNIPreset, "CNI agent health probe: "+strings.Join(cni.PresetNames(), ", ")+" (auto detects it from the conflist)")
 	fs.BoolVar(&c.MissingOwnedTaintIsUnhealthy, "missing-owned-taint-is-unhealthy", c.MissingOwnedTaintIsUnhealthy, "report an owned startup taint the kubelet does not register as Unhealthy instead of a Warning (set it when a Karpenter NodePool requires the taint)")
 	fs.Var((*listValue)(&c.OwnedTaints), "owned-taints", "comma-separated startup taint keys the agent owns and removes once ready")
+	fs.StringVar(&c.IMDS.Endpoint, "imds-endpoint", c.IMDS.Endpoint, "instance metadata service URL for the AWS event checks (default $AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
 	if mode == ModeCheck {
@@ -498,6 +538,9 @@ func (c *Config) Validate(mode Mode) error {
 		add("cniPreset %q is not a CNI preset; set --cni-preset to one of %s", c.CNIPreset, strings.Join(cni.PresetNames(), ", "))
 	}
 	errs = append(errs, c.Memory.validate()...)
+	if err := c.IMDS.WatcherConfig().Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w (config file section imds; the endpoint also by --imds-endpoint)", err))
+	}
 	if c.CNIConfDir == "" {
 		add("cniConfDir is empty; set --cni-conf-dir (usually %s)", DefaultCNIConfDir)
 	}

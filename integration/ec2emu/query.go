@@ -84,7 +84,7 @@ func instanceIDs(form url.Values) ([]string, error) {
 }
 
 // filters parses Filter.N.Name and Filter.N.Value.M.
-func filters(form url.Values) ([]filter, error) {
+func filters(form url.Values, known func(string) bool) ([]filter, error) {
 	byIndex := map[int]*filter{}
 	for key, vals := range form {
 		rest, ok := strings.CutPrefix(key, "Filter.")
@@ -127,7 +127,7 @@ func filters(form url.Values) ([]filter, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !knownFilter(f.name) {
+		if !known(f.name) {
 			return nil, errInvalidParameterValue("The filter '%s' is invalid", f.name)
 		}
 		f.values = vals
@@ -152,7 +152,7 @@ func parseDescribe(form url.Values) (describeRequest, error) {
 	if req.ids, err = instanceIDs(form); err != nil {
 		return req, err
 	}
-	if req.filters, err = filters(form); err != nil {
+	if req.filters, err = filters(form, knownFilter); err != nil {
 		return req, err
 	}
 	if v := form.Get("MaxResults"); v != "" {

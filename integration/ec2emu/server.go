@@ -1,5 +1,6 @@
-// Package ec2emu is an in-process emulator of the two Amazon EC2 API actions nodevigil uses,
-// DescribeInstances and TerminateInstances, speaking the real EC2 Query protocol over HTTP:
+// Package ec2emu is an in-process emulator of the Amazon EC2 API actions nodevigil uses,
+// DescribeInstances, DescribeInstanceStatus and TerminateInstances, and of each instance's
+// metadata service (IMDSv2, see StartIMDS), speaking the real EC2 Query protocol over HTTP:
 // form-encoded (or query-string) requests signed with SigV4, XML responses and the
 // <Response><Errors> error envelope, with the HTTP statuses EC2 uses. The real
 // aws-sdk-go-v2 EC2 client talks to it unchanged through its BaseEndpoint, so the remediator's
@@ -75,10 +76,12 @@ type record struct {
 	inst         Instance // State is the seeded state; it no longer applies once terminating
 	terminating  bool
 	terminatedAt time.Time
-	hiddenFor    map[string]bool // action ("" for every action) → answers NotFound
-	ecHidden     bool            // hidden by the eventual-consistency fault
-	ecUntil      time.Time       // end of the eventual-consistency window; zero means open-ended
-	terminations int             // successful TerminateInstances calls that named it
+	hiddenFor    map[string]bool  // action ("" for every action) → answers NotFound
+	ecHidden     bool             // hidden by the eventual-consistency fault
+	ecUntil      time.Time        // end of the eventual-consistency window; zero means open-ended
+	terminations int              // successful TerminateInstances calls that named it
+	events       []ScheduledEvent // scheduled events, finished ones included
+	md           metadata         // the instance's metadata service
 }
 
 // Server is the emulated EC2 endpoint. It is an http.Handler, so it can be mounted on an
@@ -103,9 +106,10 @@ type Server struct {
 	total          int
 	terminateCalls [][]string
 
-	srv  *http.Server
-	addr string
-	done chan struct{}
+	srv         *http.Server
+	addr        string
+	done        chan struct{}
+	imdsServers []*http.Server // per-instance metadata services (StartIMDS)
 }
 
 // New returns a Server with no instances and no faults.
@@ -174,6 +178,7 @@ func (s *Server) URL() string {
 
 // Shutdown stops a started server gracefully, waiting for calls in flight until ctx is done.
 func (s *Server) Shutdown(ctx context.Context) error {
+	_ = s.closeIMDS()
 	s.mu.Lock()
 	srv, done := s.srv, s.done
 	s.mu.Unlock()
@@ -187,6 +192,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 // Close stops a started server at once, dropping calls in flight.
 func (s *Server) Close() error {
+	_ = s.closeIMDS()
 	s.mu.Lock()
 	srv, done := s.srv, s.done
 	s.mu.Unlock()
@@ -491,6 +497,17 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, reqID string) (s
 			return action, nil, asAPIError(err)
 		}
 		resp, e := s.describe(req, dryRun, reqID)
+		if e != nil {
+			return action, req.ids, e
+		}
+		writeXML(w, http.StatusOK, resp)
+		return action, req.ids, nil
+	case ActionDescribeInstanceStatus:
+		req, err := parseStatus(form)
+		if err != nil {
+			return action, nil, asAPIError(err)
+		}
+		resp, e := s.describeStatus(req, dryRun, reqID)
 		if e != nil {
 			return action, req.ids, e
 		}

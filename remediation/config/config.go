@@ -209,6 +209,8 @@ type PolicySpec struct {
 	MaxUnhealthy *intstr.IntOrString `json:"maxUnhealthy,omitempty"`
 	// MaxInFlight is how many of the pool's nodes may be in the pipeline at once. Default 1.
 	MaxInFlight *int32 `json:"maxInFlight,omitempty"`
+	// Interruptions says what AWS-initiated events mean for this pool (interruptions.go).
+	Interruptions *InterruptionsSpec `json:"interruptions,omitempty"`
 }
 
 // TolerationsSpec says how long each kind of unhealthiness is tolerated before remediation.
@@ -283,6 +285,8 @@ type Policy struct {
 	Drain         Drain
 	MaxUnhealthy  intstr.IntOrString
 	MaxInFlight   int
+	// Interruptions is the resolved interruptions block (defaults when absent).
+	Interruptions Interruptions
 }
 
 // Tolerations is the resolved form of TolerationsSpec.

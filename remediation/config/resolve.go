@@ -256,6 +256,7 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		}
 		p.MaxInFlight = int(*m)
 	}
+	p.Interruptions = resolveInterruptions(path+".interruptions", s.Interruptions, fail)
 	return p
 }
 

@@ -18,6 +18,12 @@
 //	1  at least one check is Unhealthy (or Unknown with --strict), or the agent failed.
 //	2  usage or configuration error.
 //
+// The AWS event checks (spot-interruption, rebalance-recommendation, scheduled-events,
+// asg-lifecycle) never fail the command: a pending event is a Warning (AWS is taking the
+// instance away; the node is not unhealthy), and an unreachable metadata service is an
+// Unknown that does not count even with --strict, so the exit code off EC2 follows the other
+// checks.
+//
 // The version is set at build time: -ldflags "-X main.version=v1.2.3 -X main.commit=<sha>".
 // `version` and `--version` print it with the commit and the Go version.
 package main
@@ -38,6 +44,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
@@ -46,6 +53,7 @@ import (
 	"github.com/nodevigil/nodevigil/agent/kubeclient"
 	"github.com/nodevigil/nodevigil/collectors"
 	"github.com/nodevigil/nodevigil/collectors/cni"
+	"github.com/nodevigil/nodevigil/collectors/imds"
 	"github.com/nodevigil/nodevigil/collectors/kubelet"
 	"github.com/nodevigil/nodevigil/collectors/memory"
 	buildinfo "github.com/nodevigil/nodevigil/version"
@@ -202,7 +210,30 @@ func buildChecks(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(),
 			log.Debug("close kubelet check", "err", err)
 		}
 	}
-	return []agent.Checker{mem, kub, net, kcfg}, closeAll, nil
+	checks := []agent.Checker{mem, kub, net, kcfg}
+	if !cfg.IMDS.Disabled {
+		wcfg := cfg.IMDS.WatcherConfig()
+		wcfg.OneShot, wcfg.Logger = cfg.OneShot, log
+		w, err := imds.New(wcfg)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("AWS event checks (config file section imds): %w", err)
+		}
+		for _, c := range w.Checks() {
+			checks = append(checks, c)
+		}
+	}
+	return checks, closeAll, nil
+}
+
+// imdsWatcher returns the AWS event watcher behind checks, or nil when they hold none.
+func imdsWatcher(checks []agent.Checker) *imds.Watcher {
+	for _, c := range checks {
+		if ic, ok := c.(imds.Check); ok {
+			return ic.Watcher()
+		}
+	}
+	return nil
 }
 
 // repairer adapts the kubelet collector's Repairer to the agent's interface.
@@ -254,6 +285,16 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 		rep = repairer{r}
 	}
 
+	var wake <-chan struct{}
+	var extra []prometheus.Collector
+	if w := imdsWatcher(checks); w != nil {
+		wake, extra = w.Changed(), []prometheus.Collector{w}
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); w.Run(wctx) }()
+		defer func() { stop(); <-done }()
+	}
+
 	window := cfg.TaintStabilityWindow.Duration
 	if window == 0 {
 		window = -1 // explicit zero: release on the first healthy cycle (agent treats 0 as default)
@@ -278,6 +319,8 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 		LeaseRenewInterval:   cfg.LeaseRenewInterval.Duration,
 		LeaseRenewTimeout:    cfg.LeaseRenewTimeout.Duration,
 		Repairer:             rep,
+		Wake:                 wake,
+		Collectors:           extra,
 		ListenAddress:        cfg.ListenAddress,
 		Logger:               log,
 	})
@@ -332,14 +375,24 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer, buil
 // are named on stderr with what could not be observed.
 func checkExitCode(stderr io.Writer, strict bool, results []collectors.Result) int {
 	var unhealthy, unknown []string
+	awsUnknown := false
 	for _, r := range results {
 		switch r.Status {
 		case collectors.StatusHealthy, collectors.StatusWarning:
 		case collectors.StatusUnhealthy:
 			unhealthy = append(unhealthy, string(r.Check))
 		default:
+			if collectors.IsAWSEvent(r.Check) {
+				// The metadata service is out of reach (off EC2, hop limit): AWS events are
+				// not observed, which says nothing about this node's health.
+				awsUnknown = true
+				continue
+			}
 			unknown = append(unknown, string(r.Check))
 		}
+	}
+	if awsUnknown {
+		fmt.Fprintln(stderr, "warning: the instance metadata service could not be reached, so AWS events (spot notices, scheduled events) are not shown; not counted as a failure, even with --strict (see the AWS event checks' messages for the cause and fix)")
 	}
 	if len(unknown) > 0 {
 		verdict := "not counted as failures (use --strict to fail on them)"

@@ -9,10 +9,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nodevigil/nodevigil/agent"
 	"github.com/nodevigil/nodevigil/agent/config"
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/integration/ec2emu"
 )
 
 type staticCheck struct{ r collectors.Result }
@@ -134,6 +136,10 @@ func TestCheckJSON(t *testing.T) {
 // TestCheckOverTestdataHosts runs the real collectors over fixture host trees. There is no
 // D-Bus in the fixtures, so the kubelet verdict comes from /healthz (served by the test).
 func TestCheckOverTestdataHosts(t *testing.T) {
+	// Off EC2: nothing answers the metadata service.
+	closed := httptest.NewServer(nil)
+	closed.Close()
+	t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", closed.URL)
 	healthz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
 	defer healthz.Close()
 	// An AL2023 host root from the kubelet collector's fixtures: no kubelet process, the
@@ -149,6 +155,14 @@ func TestCheckOverTestdataHosts(t *testing.T) {
 		{"healthy", "testdata/hosts/healthy", nil, 0, map[string]string{
 			"memory": "Healthy/NoMemoryPressure", "kubelet": "Healthy/KubeletHealthy",
 			"cni": "Healthy/CNIReady", "kubelet-config": "Healthy/KubeletConfigValid",
+			"spot-interruption": "Unknown/IMDSUnreachable", "scheduled-events": "Unknown/IMDSUnreachable",
+		}},
+		// Off EC2 the exit code follows the other checks, even with --strict.
+		{"healthy strict off EC2", "testdata/hosts/healthy", []string{"--strict"}, 0, map[string]string{
+			"asg-lifecycle": "Unknown/IMDSUnreachable",
+		}},
+		{"missing plugin strict off EC2", "testdata/hosts/missing-plugin", []string{"--strict"}, 1, map[string]string{
+			"cni": "Unhealthy/CNIPluginMissing",
 		}},
 		{"missing-plugin", "testdata/hosts/missing-plugin", nil, 1, map[string]string{
 			"memory": "Healthy/NoMemoryPressure", "cni": "Unhealthy/CNIPluginMissing",
@@ -194,7 +208,7 @@ func TestCheckOverTestdataHosts(t *testing.T) {
 				order = append(order, o.Check)
 				byCheck[o.Check] = o.Status + "/" + o.Reason
 			}
-			if strings.Join(order, ",") != "memory,kubelet,cni,kubelet-config" {
+			if strings.Join(order, ",") != "memory,kubelet,cni,kubelet-config,spot-interruption,rebalance-recommendation,scheduled-events,asg-lifecycle" {
 				t.Errorf("checks in order %v", order)
 			}
 			for check, want := range tc.want {
@@ -284,5 +298,42 @@ func TestCheckExplain(t *testing.T) {
 	run(context.Background(), []string{"check", "--host-root", "testdata/hosts/healthy", "--explain", "--output=json"}, &stdout, &stderr, fakeBuild(&closed, r))
 	if !strings.Contains(stdout.String(), `"threshold": "critical < 389Mi"`) {
 		t.Errorf("json explain lacks the inputs:\n%s", stdout.String())
+	}
+}
+
+// TestCheckShowsPendingAWSEvents: on an (emulated) EC2 instance with a spot notice and a
+// scheduled reboot, check lists them as Warnings and exits 0 on an otherwise healthy host.
+func TestCheckShowsPendingAWSEvents(t *testing.T) {
+	healthz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	defer healthz.Close()
+	emu := ec2emu.New(ec2emu.Config{})
+	const id = "i-0123456789abcdef0"
+	if err := emu.AddInstance(ec2emu.Instance{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	emu.SetSpotInstanceAction(id, "terminate", time.Now().Add(2*time.Minute))
+	nb := time.Now().Add(72 * time.Hour)
+	if err := emu.AddScheduledEvent(id, ec2emu.ScheduledEvent{ID: "instance-event-0123456789abcdef0", Code: ec2emu.EventInstanceReboot,
+		Description: "scheduled reboot", NotBefore: nb}); err != nil {
+		t.Fatal(err)
+	}
+	md := httptest.NewServer(emu.IMDSHandler(id))
+	defer md.Close()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"check", "--host-root", "testdata/hosts/healthy", "--imds-endpoint", md.URL,
+		"--kubelet-healthz-url", healthz.URL + "/healthz", "--output", "json", "--strict"}, &stdout, &stderr, buildChecks)
+	if code != 0 {
+		t.Errorf("exit = %d, want 0\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	var got []checkOutput
+	if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"spot-interruption": "Warning/SpotTerminate", "scheduled-events": "Warning/InstanceReboot",
+		"rebalance-recommendation": "Healthy/NoEvent", "asg-lifecycle": "Healthy/NoEvent"}
+	for _, o := range got {
+		if w, ok := want[o.Check]; ok && o.Status+"/"+o.Reason != w {
+			t.Errorf("%s = %s/%s (%s), want %s", o.Check, o.Status, o.Reason, o.Message, w)
+		}
 	}
 }

@@ -1,0 +1,122 @@
+package config
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// InterruptionAction is what a pool does about one kind of AWS-initiated event (a spot
+// notice, a rebalance recommendation, a scheduled reboot or retirement, an ASG termination).
+// AWS has already decided these; the pool decides only how its node is taken away.
+type InterruptionAction string
+
+const (
+	// InterruptionDrain cordons, then evicts through the same bounded, PDB- and
+	// do-not-disrupt-aware drain as remediation. For scheduled events it starts at NotBefore
+	// minus leadTime and aims to finish by the deadline minus margin.
+	InterruptionDrain InterruptionAction = "Drain"
+	// InterruptionReplace (scheduledRetirement only) drains and terminates early, on the
+	// pool's own caps, so the autoscaler replaces the node before AWS stops it.
+	InterruptionReplace InterruptionAction = "Replace"
+	// InterruptionCordonOnly cordons (and taints) the node and stops there.
+	InterruptionCordonOnly InterruptionAction = "CordonOnly"
+	// InterruptionNotify records the condition, an Event and a metric; nothing else.
+	InterruptionNotify InterruptionAction = "Notify"
+	// InterruptionIgnore does nothing beyond the agent's own condition.
+	InterruptionIgnore InterruptionAction = "Ignore"
+)
+
+// Defaults of the interruptions block: the choices of a careful operator. A spot notice gives
+// two minutes, so draining at once is the only useful answer; a rebalance recommendation is
+// only a risk; a reboot keeps the node, so cordoning ahead of it is enough; a retirement or
+// stop loses the instance, so its pods move before it.
+const (
+	DefaultSpotInterruption        = InterruptionDrain
+	DefaultRebalanceRecommendation = InterruptionNotify
+	DefaultScheduledReboot         = InterruptionCordonOnly
+	DefaultScheduledRetirement     = InterruptionDrain
+	DefaultASGTermination          = InterruptionDrain
+	// DefaultInterruptionLeadTime is how long before a scheduled event's NotBefore its action
+	// starts (not at sight: an instance-stop eleven days out must not drain a node today).
+	DefaultInterruptionLeadTime = time.Hour
+	// DefaultInterruptionMargin is how long before the deadline a scheduled drain must finish.
+	DefaultInterruptionMargin = 10 * time.Minute
+)
+
+// InterruptionsSpec is a policy's `interruptions` block as written.
+type InterruptionsSpec struct {
+	// SpotInterruption: a spot interruption notice (two minutes). Default Drain.
+	SpotInterruption InterruptionAction `json:"spotInterruption,omitempty"`
+	// RebalanceRecommendation: EC2's early warning for a spot instance. Default Notify.
+	RebalanceRecommendation InterruptionAction `json:"rebalanceRecommendation,omitempty"`
+	// ScheduledReboot: instance-reboot, system-reboot, system-maintenance. Default CordonOnly.
+	ScheduledReboot InterruptionAction `json:"scheduledReboot,omitempty"`
+	// ScheduledRetirement: instance-retirement, instance-stop. Default Drain.
+	ScheduledRetirement InterruptionAction `json:"scheduledRetirement,omitempty"`
+	// ASGTermination: the ASG's target lifecycle state is Terminated. Default Drain.
+	ASGTermination InterruptionAction `json:"asgTermination,omitempty"`
+	// LeadTime: a scheduled event's action starts at NotBefore minus this. Default 1h.
+	LeadTime *metav1.Duration `json:"leadTime,omitempty"`
+	// Margin: a scheduled drain should be done this long before the deadline. Default 10m.
+	Margin *metav1.Duration `json:"margin,omitempty"`
+}
+
+// Interruptions is the resolved block: every kind has an action.
+type Interruptions struct {
+	SpotInterruption        InterruptionAction
+	RebalanceRecommendation InterruptionAction
+	ScheduledReboot         InterruptionAction
+	ScheduledRetirement     InterruptionAction
+	ASGTermination          InterruptionAction
+	LeadTime                time.Duration
+	Margin                  time.Duration
+}
+
+// DefaultInterruptions returns the defaults of the block.
+func DefaultInterruptions() Interruptions {
+	return Interruptions{
+		SpotInterruption: DefaultSpotInterruption, RebalanceRecommendation: DefaultRebalanceRecommendation,
+		ScheduledReboot: DefaultScheduledReboot, ScheduledRetirement: DefaultScheduledRetirement,
+		ASGTermination: DefaultASGTermination, LeadTime: DefaultInterruptionLeadTime, Margin: DefaultInterruptionMargin,
+	}
+}
+
+func resolveInterruptions(path string, s *InterruptionsSpec, fail func(path, format string, args ...any)) Interruptions {
+	out := DefaultInterruptions()
+	if s == nil {
+		return out
+	}
+	set := func(field string, v InterruptionAction, dst *InterruptionAction, replaceOK bool) {
+		switch v {
+		case "":
+			return
+		case InterruptionDrain, InterruptionCordonOnly, InterruptionNotify, InterruptionIgnore:
+		case InterruptionReplace:
+			if !replaceOK {
+				fail(path+"."+field, "Replace applies to scheduledRetirement only (an instance AWS will stop); use Drain, CordonOnly, Notify or Ignore")
+				return
+			}
+		default:
+			choices := "Drain, CordonOnly, Notify or Ignore"
+			if replaceOK {
+				choices = "Drain, Replace, CordonOnly, Notify or Ignore"
+			}
+			fail(path+"."+field, "%q is not a choice; use %s", v, choices)
+			return
+		}
+		*dst = v
+	}
+	set("spotInterruption", s.SpotInterruption, &out.SpotInterruption, false)
+	set("rebalanceRecommendation", s.RebalanceRecommendation, &out.RebalanceRecommendation, false)
+	set("scheduledReboot", s.ScheduledReboot, &out.ScheduledReboot, false)
+	set("scheduledRetirement", s.ScheduledRetirement, &out.ScheduledRetirement, true)
+	set("asgTermination", s.ASGTermination, &out.ASGTermination, false)
+	if s.LeadTime != nil {
+		out.LeadTime = nonNegative(path+".leadTime", s.LeadTime, fail)
+	}
+	if s.Margin != nil {
+		out.Margin = nonNegative(path+".margin", s.Margin, fail)
+	}
+	return out
+}

@@ -1,0 +1,62 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const interruptionsHead = "apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\npolicies:\n"
+
+func TestInterruptionsDefaultsAndKafka(t *testing.T) {
+	c, err := Parse([]byte(interruptionsHead + `- name: kafka
+  nodeSelector: karpenter.sh/nodepool=kafka
+  interruptions:
+    spotInterruption: Notify
+    rebalanceRecommendation: Notify
+    scheduledReboot: Notify
+    scheduledRetirement: Notify
+    asgTermination: Notify
+- name: general
+  nodeSelector: karpenter.sh/nodepool=general
+  interruptions:
+    scheduledRetirement: Replace
+    leadTime: 2h
+    margin: 15m
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kafka, general, def := c.Policies[0].Interruptions, c.Policies[1].Interruptions, c.Policies[2].Interruptions
+	for _, a := range []InterruptionAction{kafka.SpotInterruption, kafka.RebalanceRecommendation, kafka.ScheduledReboot, kafka.ScheduledRetirement, kafka.ASGTermination} {
+		if a != InterruptionNotify {
+			t.Errorf("kafka: %s, want Notify for every kind", a)
+		}
+	}
+	if general.SpotInterruption != InterruptionDrain || general.ScheduledRetirement != InterruptionReplace ||
+		general.LeadTime != 2*time.Hour || general.Margin != 15*time.Minute || general.ScheduledReboot != InterruptionCordonOnly {
+		t.Errorf("general: %+v", general)
+	}
+	if def != DefaultInterruptions() || def.SpotInterruption != InterruptionDrain || def.RebalanceRecommendation != InterruptionNotify ||
+		def.ScheduledReboot != InterruptionCordonOnly || def.ScheduledRetirement != InterruptionDrain || def.LeadTime != time.Hour {
+		t.Errorf("default policy: %+v", def)
+	}
+}
+
+func TestInterruptionsErrors(t *testing.T) {
+	tests := []struct{ name, doc, want string }{
+		{"unknown action", "  interruptions: {spotInterruption: Evict}\n", `policies[0].interruptions.spotInterruption: "Evict" is not a choice; use Drain, CordonOnly, Notify or Ignore`},
+		{"replace on spot", "  interruptions: {spotInterruption: Replace}\n", "policies[0].interruptions.spotInterruption: Replace applies to scheduledRetirement only"},
+		{"unknown field", "  interruptions: {spot: Drain}\n", "policies[0].interruptions.spot: unknown field"},
+		{"negative lead time", "  interruptions: {leadTime: -1h}\n", "policies[0].interruptions.leadTime: -1h0m0s is negative"},
+		{"bad margin", "  interruptions: {margin: soon}\n", `policies[0].interruptions.margin: "soon" is not a duration`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(interruptionsHead + "- name: a\n  nodeSelector: x=y\n" + tc.doc))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,175 @@
+package remediation
+
+// This file acts on the interruption plans (interruptions.go) for one node: cordon and drain
+// per the pool's interruptions policy, and undo — uncordon and untaint, only what nodevigil
+// did — once no due plan asks for it any more (the event was withdrawn, canceled or
+// completed). Interruptions are handled only for nodes the remediation pipeline leaves alone
+// (no remediation phase recorded); they use their own annotation and taint, so the two never
+// undo each other's work.
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/nodevigil/nodevigil/remediation/config"
+)
+
+// Interruption bookkeeping on the Node.
+const (
+	// AnnotationInterruption records, while nodevigil holds a node cordoned for an AWS event,
+	// "<event ID>/<action>". Its presence is what undo acts on: a node cordoned by anyone else
+	// is never uncordoned.
+	AnnotationInterruption = "nodevigil.io/interruption"
+	// AnnotationInterruptionWasUnschedulable records that the node was already cordoned when
+	// nodevigil cordoned it for an event, so undo leaves it cordoned.
+	AnnotationInterruptionWasUnschedulable = "nodevigil.io/interruption-was-unschedulable"
+	// AnnotationInterruptionDryRun records what dryRun would have done for an event.
+	AnnotationInterruptionDryRun = "nodevigil.io/interruption-dry-run"
+	// TaintInterruption keeps new pods off a node AWS is about to interrupt.
+	TaintInterruption = "nodevigil.io/interruption"
+)
+
+// Event reasons of interruption handling.
+const (
+	EventInterruptionCordoned = "InterruptionCordoned"
+	EventInterruptionDraining = "InterruptionDraining"
+	EventInterruptionDrained  = "InterruptionDrained"
+	EventInterruptionUndone   = "InterruptionUndone"
+	EventInterruptionDryRun   = "InterruptionDryRun"
+)
+
+// interruptionRecheck is how often a node with a pending interruption is reconsidered while
+// its action is running or not yet due (the agent's conditions requeue it on change anyway).
+const interruptionRecheck = 5 * time.Second
+
+// syncInterruptions plans and carries out the node's interruptions; it returns when to look
+// again (0: nothing pending).
+func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p *config.Policy, now time.Time) (time.Duration, error) {
+	if !c.leading.Load() {
+		return 0, nil
+	}
+	ins := MergeInterruptions(InterruptionsFromNode(node), nil)
+	plans := make([]InterruptionPlan, len(ins))
+	var next time.Duration
+	for i, in := range ins {
+		plans[i] = PlanInterruption(p.Interruptions, in, now)
+		if d := plans[i].StartAt.Sub(now); d > 0 && (next == 0 || d < next) {
+			next = d
+		}
+	}
+	gov, due := GoverningPlan(plans, now)
+	acts := due && (gov.Action == config.InterruptionCordonOnly || gov.Action == config.InterruptionDrain || gov.Action == config.InterruptionReplace)
+	marked, isMarked := node.Annotations[AnnotationInterruption]
+
+	if !acts {
+		if isMarked {
+			return next, c.undoInterruption(ctx, node, marked)
+		}
+		if _, ok := node.Annotations[AnnotationInterruptionDryRun]; ok && !due {
+			_, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruptionDryRun: nil}})
+			return next, err
+		}
+		return next, nil
+	}
+	record := gov.Interruption.ID + "/" + string(gov.Action)
+	if c.rc.DryRun {
+		if node.Annotations[AnnotationInterruptionDryRun] == record {
+			return next, nil
+		}
+		if _, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruptionDryRun: ptr.To(record)}}); err != nil {
+			return 0, err
+		}
+		c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionDryRun, "dry run: would %s for %s (%s): %s",
+			gov.Action, gov.Interruption.Code, gov.Interruption.ID, gov.Interruption.Message)
+		c.log.Info("interruption dry run", "node", node.Name, "reason", gov.Interruption.Code, "action", string(gov.Action))
+		return next, nil
+	}
+	if !isMarked || marked != record {
+		ann := map[string]*string{AnnotationInterruption: ptr.To(record)}
+		if !isMarked && node.Spec.Unschedulable {
+			ann[AnnotationInterruptionWasUnschedulable] = ptr.To("true")
+		}
+		taints := withInterruptionTaint(node.Spec.Taints)
+		n, err := c.patchNode(ctx, node, nodePatch{annotations: ann, unschedulable: ptr.To(true), taints: &taints})
+		if err != nil {
+			return 0, err
+		}
+		node = n
+		c.recorder.Eventf(node, corev1.EventTypeWarning, EventInterruptionCordoned, "cordoned for %s (%s, policy %s: %s); %s",
+			gov.Interruption.Code, gov.Interruption.ID, p.Name, gov.Action, gov.Interruption.Message)
+		c.log.Info("node cordoned for an interruption", "node", node.Name, "reason", gov.Interruption.Code, "action", string(gov.Action))
+	}
+	if gov.Action == config.InterruptionCordonOnly {
+		return interruptionRecheck, nil
+	}
+	// Drain (Replace drains the same way; the early termination is not implemented yet).
+	res := c.drain(ctx, node, p, now)
+	if res.err != nil {
+		return 0, res.err
+	}
+	if res.done {
+		if node.Annotations[AnnotationInterruption+"-drained"] != record {
+			if _, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruption + "-drained": ptr.To(record)}}); err != nil {
+				return 0, err
+			}
+			c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionDrained, "drained for %s (%s)", gov.Interruption.Code, gov.Interruption.ID)
+		}
+		return interruptionRecheck, nil
+	}
+	return min(max(res.requeue, time.Second), interruptionRecheck), nil
+}
+
+// undoInterruption uncordons and untaints a node nodevigil cordoned for an event that no
+// longer asks for it; a node that was already cordoned before stays cordoned.
+func (c *Controller) undoInterruption(ctx context.Context, node *corev1.Node, marked string) error {
+	taints := withoutInterruptionTaint(node.Spec.Taints)
+	p := nodePatch{
+		annotations: map[string]*string{AnnotationInterruption: nil, AnnotationInterruptionWasUnschedulable: nil, AnnotationInterruption + "-drained": nil},
+		taints:      &taints,
+	}
+	if node.Annotations[AnnotationInterruptionWasUnschedulable] != "true" {
+		p.unschedulable = ptr.To(false)
+	}
+	n, err := c.patchNode(ctx, node, p)
+	if err != nil {
+		return err
+	}
+	c.recorder.Eventf(n, corev1.EventTypeNormal, EventInterruptionUndone, "the AWS event behind %s is no longer pending; uncordoned and untainted", marked)
+	c.log.Info("interruption undone", "node", node.Name, "reason", marked)
+	return nil
+}
+
+func withInterruptionTaint(taints []corev1.Taint) []corev1.Taint {
+	for _, t := range taints {
+		if t.Key == TaintInterruption {
+			return taints
+		}
+	}
+	out := make([]corev1.Taint, 0, len(taints)+1)
+	out = append(out, taints...)
+	return append(out, corev1.Taint{Key: TaintInterruption, Effect: corev1.TaintEffectNoSchedule})
+}
+
+func withoutInterruptionTaint(taints []corev1.Taint) []corev1.Taint {
+	out := make([]corev1.Taint, 0, len(taints))
+	for _, t := range taints {
+		if t.Key != TaintInterruption {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// interruptionRequeue merges the interruption requeue into the decision's.
+func interruptionRequeue(a, b time.Duration) time.Duration {
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
+}

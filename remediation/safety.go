@@ -153,8 +153,15 @@ func (zc *zoneCount) add(silent, impaired bool) {
 }
 
 // currentCensus returns a census no older than DefaultCensusMaxAge. gateMu must be held.
+//
+// A census taken a little after now is current too: workers read the clock before waiting for
+// gateMu, so when many nodes are due at once (50 failing together) each finds the census a
+// previous worker just took "in its future". Recomputing it then cost every rail check a full
+// pass over the cluster, one after the other under the lock: 10 s from toleration expiry to the
+// first patch at 10,000 nodes (docs/benchmarks.md). Only a census more than the maximum age
+// ahead (a clock stepped back) is recomputed.
 func (c *Controller) currentCensus(now time.Time) *census {
-	if c.census == nil || now.Sub(c.census.at) >= DefaultCensusMaxAge || now.Before(c.census.at) {
+	if c.census == nil || now.Sub(c.census.at) >= DefaultCensusMaxAge || c.census.at.Sub(now) >= DefaultCensusMaxAge {
 		c.setCensus(c.computeCensus(now))
 	}
 	return c.census

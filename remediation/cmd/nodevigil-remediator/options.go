@@ -22,6 +22,9 @@ type options struct {
 	configPath     string
 	dryRun         optionalBool
 	listenAddress  string
+	metricsSecure  bool
+	metricsTLSCert string
+	metricsTLSKey  string
 	leaderElect    bool
 	leaseDuration  time.Duration
 	renewDeadline  time.Duration
@@ -54,6 +57,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.configPath, "config", "", "path to a RemediatorConfig file; empty means the built-in defaults (dry-run)")
 	fs.Var(&o.dryRun, "dry-run", "decide and report but change nothing; when set, overrides dryRun in the config file")
 	fs.StringVar(&o.listenAddress, "listen-address", ":9737", "address serving /healthz, /readyz and /metrics")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve over TLS and require scrapers of /metrics to authenticate (TokenReview) and be authorised to get /metrics (SubjectAccessReview); /healthz and /readyz stay open")
+	fs.StringVar(&o.metricsTLSCert, "metrics-tls-cert-file", "", "serving certificate (PEM) for --metrics-secure; empty means a self-signed one made at start")
+	fs.StringVar(&o.metricsTLSKey, "metrics-tls-key-file", "", "private key (PEM) of --metrics-tls-cert-file")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "hold a leader Lease so that only one replica acts")
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", remediation.DefaultLeaseDuration, "how long a leader Lease is valid without renewal")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", remediation.DefaultRenewDeadline, "how long the leader keeps trying to renew before it stops acting")
@@ -88,6 +94,12 @@ func (o *options) validate() error {
 	}
 	if o.listenAddress == "" {
 		fail("listen-address", "must not be empty; the probes and metrics are served there (e.g. :9737)")
+	}
+	if (o.metricsTLSCert == "") != (o.metricsTLSKey == "") {
+		fail("metrics-tls-cert-file", "--metrics-tls-cert-file and --metrics-tls-key-file must be set together")
+	}
+	if !o.metricsSecure && o.metricsTLSCert != "" {
+		fail("metrics-tls-cert-file", "is used only with --metrics-secure=true")
 	}
 	if o.leaderElect {
 		if o.retryPeriod <= 0 {

@@ -10,12 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // helmVersion is the helm manifests/render.sh renders install.yaml with.
@@ -105,6 +107,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"wrong type", []string{"remediator.replicas=two"}, "at '/remediator/replicas': got string, want integer"},
 		{"live without cluster name", []string{"remediator.dryRun=false"}, "remediator.clusterName is empty but remediator.dryRun is false"},
 		{"live with cluster name", []string{"remediator.dryRun=false", "remediator.clusterName=prod"}, ""},
+		{"agent bound to loopback", []string{"agent.listenHost=127.0.0.1"}, "at '/agent/listenHost': value must be one of"},
+		{"agent bound to the node's IP", []string{"agent.listenHost=hostIP"}, ""},
 		{"node.kubernetes.io taint", []string{"agent.ownedTaints[0]=node.kubernetes.io/not-ready"}, `"node.kubernetes.io/not-ready" is a Kubernetes system taint`},
 		{"cloud provider taint", []string{"agent.ownedTaints[0]=node.cloudprovider.kubernetes.io/uninitialized"}, "is a Kubernetes system taint"},
 		{"node-role taint", []string{"agent.ownedTaints[0]=node-role.kubernetes.io/control-plane"}, "is a Kubernetes system taint"},
@@ -230,5 +234,40 @@ func TestChartFromOCIRegistry(t *testing.T) {
 	}
 	if strings.Contains(out, "kind: ValidatingAdmissionPolicy") {
 		t.Error("admissionPolicy.enabled=false still renders a ValidatingAdmissionPolicy")
+	}
+}
+
+// TestAgentListenHost checks agent.listenHost: by default the agent binds every address of the
+// node; hostIP binds the node's primary IP, which the kubelet substitutes from the downward
+// API (status.hostIP) into --listen-address.
+func TestAgentListenHost(t *testing.T) {
+	tests := []struct {
+		sets     []string
+		wantArg  string
+		wantHost bool
+	}{
+		{nil, "--listen-address=:9736", false},
+		{[]string{"agent.listenHost=hostIP"}, "--listen-address=$(HOST_IP):9736", true},
+		{[]string{"agent.listenHost=0.0.0.0", "agent.listenPort=9100"}, "--listen-address=0.0.0.0:9100", false},
+	}
+	for _, tt := range tests {
+		ds := findObject(t, renderedObjects(t, tt.sets...), "DaemonSet")
+		containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+		c := containers[0].(map[string]any)
+		args, _, _ := unstructured.NestedStringSlice(c, "args")
+		if !slices.Contains(args, tt.wantArg) {
+			t.Errorf("%v: agent args %v lack %s", tt.sets, args, tt.wantArg)
+		}
+		env, _, _ := unstructured.NestedSlice(c, "env")
+		hostIP := false
+		for _, e := range env {
+			if e.(map[string]any)["name"] == "HOST_IP" {
+				path, _, _ := unstructured.NestedString(e.(map[string]any), "valueFrom", "fieldRef", "fieldPath")
+				hostIP = path == "status.hostIP"
+			}
+		}
+		if hostIP != tt.wantHost {
+			t.Errorf("%v: HOST_IP from status.hostIP in env = %v, want %v", tt.sets, hostIP, tt.wantHost)
+		}
 	}
 }

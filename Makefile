@@ -85,11 +85,11 @@ control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager
 	@$(GO) run ./integration/cmd/devcluster paths
 
 .PHONY: manifests
-manifests: ## Render manifests/install.yaml from the Helm chart.
+manifests: ## Render manifests/install.yaml and manifests/kustomize/nodevigil.yaml from the Helm chart.
 	bash manifests/render.sh
 
 .PHONY: verify-manifests
-verify-manifests: ## Fail when manifests/install.yaml is stale.
+verify-manifests: ## Fail when manifests/install.yaml or the kustomize base is stale.
 	bash manifests/verify.sh
 
 .PHONY: images

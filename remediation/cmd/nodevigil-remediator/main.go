@@ -131,8 +131,10 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 			Region:        o.awsRegion,
 			Endpoint:      o.ec2Endpoint,
 			ClusterTagKey: o.clusterTagKey,
-			Registerer:    reg,
-			Logger:        log.With("component", "ec2"),
+			// nil keeps ec2.DefaultClusterTagValues.
+			ClusterTagValues: o.clusterTagVals,
+			Registerer:       reg,
+			Logger:           log.With("component", "ec2"),
 		})
 		if err != nil {
 			return fmt.Errorf("build EC2 client: %w", err)
@@ -195,7 +197,7 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		policies = append(policies, p.Name+"="+string(p.Action))
 	}
 	log.Info("starting", "identity", ctrl.Identity(), "dry_run", rc.DryRun, "policies", policies,
-		"leader_elect", o.leaderElect, "listen_address", o.listenAddress, "metrics_secure", o.metricsSecure, "agent_namespace", rc.AgentNamespace)
+		"cluster_tag_key", o.clusterTagKey, "cluster_tag_values", o.clusterTagVals, "leader_elect", o.leaderElect, "listen_address", o.listenAddress, "metrics_secure", o.metricsSecure, "agent_namespace", rc.AgentNamespace)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodevigil/nodevigil/remediation"
+	"github.com/nodevigil/nodevigil/remediation/ec2"
 )
 
 // options are the command line, validated.
@@ -32,6 +33,7 @@ type options struct {
 	ec2Endpoint    string
 	awsRegion      string
 	clusterTagKey  string
+	clusterTagVals []string
 	kubeAPIQPS     float64
 	kubeAPIBurst   int
 	resyncPeriod   time.Duration
@@ -66,6 +68,18 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", remediation.DefaultRetryPeriod, "how often leader election is retried")
 	fs.StringVar(&o.ec2Endpoint, "ec2-endpoint", "", "EC2 endpoint URL override (an emulator, a VPC endpoint)")
 	fs.StringVar(&o.awsRegion, "aws-region", "", "AWS region; empty means the SDK's default chain (AWS_REGION)")
+	fs.Func("cluster-tag-values", "comma-separated values of --cluster-tag-key that mark an instance as this cluster's to terminate (default "+strings.Join(ec2.DefaultClusterTagValues, ",")+"); e.g. true for an opt-in tag such as nodevigil.io/remediate=true", func(s string) error {
+		o.clusterTagVals = nil
+		for _, v := range strings.Split(s, ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				o.clusterTagVals = append(o.clusterTagVals, v)
+			}
+		}
+		if len(o.clusterTagVals) == 0 {
+			return fmt.Errorf("%q lists no value; leave the flag out for the defaults (%s)", s, strings.Join(ec2.DefaultClusterTagValues, ","))
+		}
+		return nil
+	})
 	fs.StringVar(&o.clusterTagKey, "cluster-tag-key", "", "EC2 tag key marking the cluster's instances, e.g. kubernetes.io/cluster/<name>; required unless dry-run")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "API server request rate limit (Node patches, drains; Events have their own limit)")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "API server request burst: a zone failing at once needs ~3 patches per node at the same moment")

@@ -56,6 +56,7 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--leader-elect-lease-duration=5s"}, "--leader-elect-lease-duration: 5s must be longer than --leader-elect-renew-deadline"},
 		{[]string{"--leader-elect-renew-deadline=2s"}, "--leader-elect-renew-deadline"},
 		{[]string{"--listen-address="}, "--listen-address"},
+		{[]string{"--cluster-tag-values= , "}, "cluster-tag-values"},
 		{[]string{"--metrics-tls-cert-file=/c.pem"}, "--metrics-tls-cert-file: --metrics-tls-cert-file and --metrics-tls-key-file must be set together"},
 		{[]string{"--metrics-secure=false", "--metrics-tls-cert-file=/c.pem", "--metrics-tls-key-file=/k.pem"}, "--metrics-tls-cert-file: is used only with --metrics-secure=true"},
 		{[]string{"--dry-run=maybe"}, "dry-run"},

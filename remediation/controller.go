@@ -214,6 +214,7 @@ type Controller struct {
 	syncedAt             atomic.Int64 // UnixNano when the informers synced; 0 before
 	agentsMissingLogged  atomic.Bool
 	blindLogged          atomic.Bool
+	verifications        *prometheus.CounterVec
 
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
@@ -429,6 +430,18 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.log.Warn("no agent leases seen yet", "agent_namespace", c.rc.AgentNamespace, "label", LabelAgentNode,
 			"message", "no node is remediated on the kubelet alone unless its policy says liveness: SingleSignal; if this lasts past the startup grace, check the agent DaemonSet and agentNamespace")
 	}
+	// A quiet cluster is verified against the API server (observe.go), leading or not, so
+	// that observation_blind tells the truth on every replica.
+	var verifier sync.WaitGroup
+	verifier.Add(1)
+	go func() {
+		defer verifier.Done()
+		c.runObservationVerifier(ctx)
+	}()
+	defer func() {
+		cancel()
+		verifier.Wait()
+	}()
 	// The initial lists are the largest allocation of the process's life (every Node decoded
 	// before the transform strips it); hand that memory back now rather than minutes later.
 	debug.FreeOSMemory()

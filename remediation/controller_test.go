@@ -118,7 +118,7 @@ func TestRunEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for !c.IsLeader() {
 		if time.Now().After(deadline) {
 			t.Fatal("controller never started acting")

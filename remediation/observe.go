@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
@@ -43,8 +44,21 @@ import (
 // watching a dead fleet. While any observer is blind, nothing is judged stale; when changes
 // arrive again after such a gap, observation restarts from that moment, as for a new leader
 // (Controller.observedFrom). A gap shorter than a lease duration cannot make a fresh Lease look
-// stale: it ends before duration plus grace. A whole cluster going silent at once is, either
-// way, no moment to terminate anything; the storm valves would pause it too.
+// stale: it ends before duration plus grace.
+//
+// Quiet alone is no proof of blindness, though: in a one-node cluster, a single-node test
+// cluster or a small cluster gone wholly dark, nothing renews because nothing is alive, and a
+// remediator that called that blindness would never repair anything there. So a quiet observer
+// asks the API server directly (verifyObservation): it lists the Leases it watches — one
+// consistent read, in pages, stopping at the first difference — and compares each with its
+// cache. If the list fails (the API server is unreachable) or shows a Lease the cache does not
+// hold at that resourceVersion (the watch is broken or the reflector still backing off), the
+// observer stays blind. If the cache matches the server, the quiet is real: that verification
+// counts as a resumption (observation restarts from it, so Leases that stopped only because the
+// API server was down for their renewers too get a whole lease duration plus grace to renew),
+// and the observer stays seeing for as long as such verifications keep succeeding
+// (verifyMaxAge). Watch errors reported by client-go are no usable signal here: while the API
+// server refuses connections the reflector retries its watch internally without reporting.
 
 // leaseObserver remembers, per Lease name, when this replica last saw the Lease change. At
 // 10,000 nodes it holds two maps of 10,000 small entries (the key shares the cached Lease's
@@ -56,10 +70,22 @@ type leaseObserver struct {
 	// duration of the Leases it watches.
 	gap time.Duration
 	// lastEvent is when any Lease last changed (UnixNano, the controller's clock); resumedAt
-	// when changes arrived again after a gap of at least gap (0 if never); gaps counts those.
+	// when changes arrived again after a gap of at least gap, or a verification found a quiet
+	// cache current (0 if never); gaps counts those.
 	lastEvent, resumedAt int64
 	gaps                 int
+	// verifiedAt is when a direct read of the API server last found the cache current while
+	// the observer was quiet (0: not since it last failed or found the cache behind).
+	verifiedAt int64
 }
+
+// verifyMaxAge is how long a verification that found a quiet cache current keeps the observer
+// seeing: a quarter of its gap (the grace decide adds to a Lease's duration), re-verified every
+// verifyInterval, so a renewal the watch misses is noticed well within the grace.
+func (o *leaseObserver) verifyMaxAge() time.Duration { return o.gap / 4 }
+
+// verifyInterval is how often a quiet observer is verified.
+func (o *leaseObserver) verifyInterval() time.Duration { return o.gap / 8 }
 
 // observation is one Lease's last observed change.
 type observation struct {
@@ -107,19 +133,52 @@ func (o *leaseObserver) observe(l *coordinationv1.Lease, now time.Time) (changed
 	return true, prev
 }
 
-// blindness reports whether the observer is blind at now — it knows Leases but has seen none
-// change for its gap — and since when, and when it last resumed after a gap (zero if never).
+// blindness reports whether the observer is blind at now — it knows Leases, has seen none
+// change for its gap, and no recent verification found its cache current — and since when it
+// is quiet, and when it last resumed (zero if never).
 func (o *leaseObserver) blindness(now time.Time) (blind bool, since, resumed time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.resumedAt != 0 {
 		resumed = time.Unix(0, o.resumedAt)
 	}
-	if len(o.seen) == 0 || o.lastEvent == 0 {
+	if !o.quietLocked(now) {
 		return false, time.Time{}, resumed
 	}
-	last := time.Unix(0, o.lastEvent)
-	return now.Sub(last) >= o.gap, last, resumed
+	return !o.verifiedLocked(now), time.Unix(0, o.lastEvent), resumed
+}
+
+// quiet reports whether the observer knows Leases and has seen none change for its gap: the
+// moment to verify its cache against the API server.
+func (o *leaseObserver) quiet(now time.Time) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.quietLocked(now)
+}
+
+func (o *leaseObserver) quietLocked(now time.Time) bool {
+	return len(o.seen) > 0 && o.lastEvent != 0 && now.Sub(time.Unix(0, o.lastEvent)) >= o.gap
+}
+
+func (o *leaseObserver) verifiedLocked(now time.Time) bool {
+	return o.verifiedAt != 0 && now.Sub(time.Unix(0, o.verifiedAt)) <= o.verifyMaxAge()
+}
+
+// verified records a verification at now: current says the API server's Leases matched the
+// cache. The first success while blind is a resumption (observation restarts from it); a
+// failure makes the observer blind again at once.
+func (o *leaseObserver) verified(now time.Time, current bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !current {
+		o.verifiedAt = 0
+		return
+	}
+	if !o.verifiedLocked(now) {
+		o.resumedAt = now.UnixNano()
+		o.gaps++
+	}
+	o.verifiedAt = now.UnixNano()
 }
 
 func (o *leaseObserver) gapCount() int {
@@ -150,6 +209,89 @@ func (o *leaseObserver) size() int {
 	return len(o.seen)
 }
 
+// verifyTimeout bounds one verification (all pages of one Lease list).
+const verifyTimeout = 10 * time.Second
+
+// verifyPageSize is the page size of a verification's Lease list: one page at a time, so the
+// first difference ends it and a verification of a large dark fleet never holds it all.
+const verifyPageSize = 500
+
+// runObservationVerifier verifies the quiet observers every verifyInterval until ctx ends.
+func (c *Controller) runObservationVerifier(ctx context.Context) {
+	t := c.clock.NewTicker(min(c.kubeletObs.verifyInterval(), c.agentObs.verifyInterval()))
+	defer t.Stop()
+	for {
+		c.verifyObservation(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// verifyObservation asks the API server, for each observer that has been quiet for its gap,
+// whether its cache is current (see the top of this file), and records the answer. It does
+// nothing while Leases change.
+func (c *Controller) verifyObservation(ctx context.Context) {
+	for _, v := range []struct {
+		leases, ns, selector string
+		obs                  *leaseObserver
+		cached               coordinationlisters.LeaseNamespaceLister
+	}{
+		{"kubelet", c.cfg.KubeletLeaseNamespace, "", c.kubeletObs, c.kubeletLeases},
+		{"agent", c.rc.AgentNamespace, LabelAgentNode, c.agentObs, c.agentLeases},
+	} {
+		if !v.obs.quiet(c.clock.Now()) {
+			continue
+		}
+		current, err := c.leaseCacheCurrent(ctx, v.ns, v.selector, v.cached)
+		result := "current"
+		switch {
+		case err != nil:
+			result = "failed"
+			c.log.Debug("observation not verified", "leases", v.leases, "err", err)
+		case !current:
+			result = "behind"
+			c.log.Debug("observation behind the api server", "leases", v.leases)
+		}
+		c.verifications.WithLabelValues(v.leases, result).Inc()
+		v.obs.verified(c.clock.Now(), err == nil && current)
+	}
+}
+
+// leaseCacheCurrent reports whether the Leases of ns matching selector on the API server are
+// exactly those of cached, each at the same resourceVersion. It reads the API server directly
+// (a consistent list, in pages) and stops at the first difference.
+func (c *Controller) leaseCacheCurrent(ctx context.Context, ns, selector string, cached coordinationlisters.LeaseNamespaceLister) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+	defer cancel()
+	all, err := cached.List(labels.Everything())
+	if err != nil {
+		return false, fmt.Errorf("list cached leases of %s: %w", ns, err)
+	}
+	opts := metav1.ListOptions{LabelSelector: selector, Limit: verifyPageSize}
+	n := 0
+	for {
+		page, err := c.client.CoordinationV1().Leases(ns).List(ctx, opts)
+		if err != nil {
+			return false, fmt.Errorf("list leases of %s: %w", ns, err)
+		}
+		for i := range page.Items {
+			l := &page.Items[i]
+			got, err := cached.Get(l.Name)
+			if err != nil || got.ResourceVersion != l.ResourceVersion {
+				return false, nil
+			}
+		}
+		n += len(page.Items)
+		if page.Continue == "" {
+			return n == len(all), nil
+		}
+		opts.Continue = page.Continue
+	}
+}
+
 // leaseDuration is the Lease's own duration, or fallback.
 func leaseDuration(l *coordinationv1.Lease, fallback time.Duration) time.Duration {
 	if l.Spec.LeaseDurationSeconds != nil && *l.Spec.LeaseDurationSeconds > 0 {
@@ -162,6 +304,10 @@ func leaseDuration(l *coordinationv1.Lease, fallback time.Duration) time.Duratio
 // scraped, so followers report them too.
 func (c *Controller) registerObserveMetrics() error {
 	const ns, sub = "nodevigil", "remediator"
+	c.verifications = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "observation_verifications_total",
+		Help: "Direct reads of the API server's Leases made because no Lease had changed for a lease duration, by leases (kubelet, agent) and result: current (the quiet is real: nodes are silent, not unobserved), behind (the watch missed changes) or failed (the API server did not answer).",
+	}, []string{"leases", "result"})
 	for _, g := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "agent_leases",
@@ -169,7 +315,7 @@ func (c *Controller) registerObserveMetrics() error {
 		}, func() float64 { return float64(c.agentObs.size()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "observation_blind",
-			Help: "1 while no kubelet or agent Lease has changed for a lease duration: the watch is broken or the API server unreachable (or every node went silent at once); nothing is judged stale meanwhile, and observation restarts from zero afterwards.",
+			Help: "1 while no kubelet or agent Lease has changed for a lease duration and a direct read of the API server could not confirm the cache (the API server is unreachable or the watch is behind); nothing is judged stale meanwhile, and observation restarts from zero afterwards.",
 		}, func() float64 {
 			now := c.clock.Now()
 			for _, o := range []*leaseObserver{c.kubeletObs, c.agentObs} {
@@ -181,7 +327,7 @@ func (c *Controller) registerObserveMetrics() error {
 		}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "observation_gaps_total",
-			Help: "Times Lease changes arrived again after none for a lease duration; each restarted observation from zero.",
+			Help: "Times observation resumed — Lease changes arrived again after none for a lease duration, or a direct read confirmed a quiet cache; each restarted observation from zero.",
 		}, func() float64 { return float64(c.kubeletObs.gapCount() + c.agentObs.gapCount()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "agents_missing",
@@ -192,6 +338,7 @@ func (c *Controller) registerObserveMetrics() error {
 			}
 			return 0
 		}),
+		c.verifications,
 	} {
 		if err := c.registry.Register(g); err != nil {
 			return fmt.Errorf("register metrics: %w", err)

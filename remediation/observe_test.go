@@ -1,13 +1,17 @@
 package remediation
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -257,4 +261,140 @@ func gathered(t *testing.T, c *Controller, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// TestLeaseObserverVerification: a quiet observer is blind unless a verification against the
+// API server found its cache current within verifyMaxAge (a quarter of its gap); the first such
+// verification is a resumption, later ones in a row are not, and a failed one makes it blind at
+// once.
+func TestLeaseObserverVerification(t *testing.T) {
+	const gap = 40 * time.Second // verifyMaxAge 10s
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	type check struct {
+		now     int
+		current bool
+	}
+	tests := []struct {
+		name        string
+		renewals    []int // times Lease "a" changed
+		checks      []check
+		query       int
+		wantBlind   bool
+		wantResumed int // -1: never
+	}{
+		{"quiet, never verified: blind", []int{0}, nil, 45, true, -1},
+		{"quiet, the API server confirms the cache: seeing, resumed then", []int{0}, []check{{41, true}}, 45, false, 41},
+		{"quiet, the verification failed: blind", []int{0}, []check{{41, false}}, 45, true, -1},
+		{"verified once, not again within a quarter gap: blind", []int{0}, []check{{41, true}}, 52, true, 41},
+		{"verified every 5s: seeing, resumed at the first only", []int{0}, []check{{41, true}, {46, true}, {51, true}, {56, true}}, 60, false, 41},
+		{"a failure between successes: resumed again after it", []int{0}, []check{{41, true}, {46, false}, {51, true}}, 52, false, 51},
+		{"a failure after success: blind at once", []int{0}, []check{{41, true}, {46, false}}, 47, true, 41},
+		{"renewing: never blind, verified or not", []int{0, 10, 20, 30}, []check{{35, false}}, 45, false, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := newLeaseObserver(gap)
+			for i, r := range tt.renewals {
+				o.observe(obsLease("a", string(rune('1'+i)), t0), at(r))
+			}
+			for _, c := range tt.checks {
+				o.verified(at(c.now), c.current)
+			}
+			blind, _, resumed := o.blindness(at(tt.query))
+			if blind != tt.wantBlind {
+				t.Errorf("blind = %v, want %v", blind, tt.wantBlind)
+			}
+			want := time.Time{}
+			if tt.wantResumed >= 0 {
+				want = at(tt.wantResumed)
+			}
+			if !resumed.Equal(want) {
+				t.Errorf("resumed = %s, want %s", resumed, want)
+			}
+		})
+	}
+}
+
+// TestQuietClusterIsVerifiedAgainstTheAPIServer: a one-node cluster whose only node dies has no
+// Lease changing at all, like a remediator that cannot observe. When a direct list of the API
+// server's Leases matches the cache, the quiet is real and the dead node is remediated — one
+// observe period plus toleration after that verification, never sooner. When the list fails
+// (the API server is down) or shows newer Leases than the cache (the watch is behind), nothing
+// is judged, however long it lasts.
+func TestQuietClusterIsVerifiedAgainstTheAPIServer(t *testing.T) {
+	failing := func(*coordinationv1.LeaseList) error { return errors.New("connection refused") }
+	newer := func(l *coordinationv1.LeaseList) error {
+		for i := range l.Items {
+			l.Items[i].ResourceVersion += "0"
+		}
+		return nil
+	}
+	tests := []struct {
+		name       string
+		answer     func(*coordinationv1.LeaseList) error // how the API server answers the list; nil: truthfully
+		wantGone   bool
+		wantBlind  float64
+		wantResult string
+	}{
+		{"the API server confirms the quiet", nil, true, 0, "current"},
+		{"the API server does not answer", failing, false, 1, "failed"},
+		{"the API server holds newer Leases than the cache", newer, false, 1, "behind"},
+	}
+	const toleration = time.Minute
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, liveConfig(t, "zonePauseThreshold: 100%\nclusterPauseThreshold: 100%\npolicies:\n- name: p\n  nodeSelector: \"\"\n  maxUnhealthy: 100%\n  tolerations: {silentNode: 1m}\n  drain: {enabled: false}\n"))
+			h.withBlindness()
+			only := h.healthy(newNode("only"))
+			h.clock.Step(time.Second)
+			h.renew(DefaultKubeletLeaseNamespace, only.Name, h.clock.Now())
+			h.renew(h.c.rc.AgentNamespace, only.Name, h.clock.Now())
+			died := h.clock.Now()
+			h.client.PrependReactor("list", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if tt.answer == nil {
+					return false, nil, nil
+				}
+				obj, err := h.client.Tracker().List(leasesGVR, coordinationv1.SchemeGroupVersion.WithKind("Lease"), a.GetNamespace())
+				if err != nil {
+					return true, nil, err
+				}
+				list := obj.(*coordinationv1.LeaseList)
+				if err := tt.answer(list); err != nil {
+					return true, nil, err
+				}
+				return true, list, nil
+			})
+
+			var gone time.Time
+			for range 240 { // 20 minutes
+				h.clock.Step(5 * time.Second)
+				h.c.verifyObservation(h.ctx)
+				if _, err := h.sync(only.Name); err != nil {
+					t.Fatal(err)
+				}
+				if h.nodeGone(only.Name) {
+					gone = h.clock.Now()
+					break
+				}
+			}
+			if got := !gone.IsZero(); got != tt.wantGone {
+				t.Fatalf("node remediated = %v, want %v; steps %q", got, tt.wantGone, h.Steps())
+			}
+			if tt.wantGone {
+				_, _, resumed := h.c.kubeletObs.blindness(gone)
+				if resumed.Before(died.Add(h.c.kubeletObs.gap)) {
+					t.Errorf("resumed at %s, before the Leases were quiet for a lease duration", resumed.Sub(died))
+				}
+				if earliest := resumed.Add(h.c.observe).Add(toleration); gone.Before(earliest) {
+					t.Errorf("remediated %s after the last renewal, before verification + observe period + toleration (%s)", gone.Sub(died), earliest.Sub(died))
+				}
+				t.Logf("last renewal → node gone: %s", gone.Sub(died))
+			} else if got := gathered(t, h.c, "nodevigil_remediator_observation_blind"); got != tt.wantBlind {
+				t.Errorf("observation_blind = %v, want %v", got, tt.wantBlind)
+			}
+			if n := testutil.ToFloat64(h.c.verifications.WithLabelValues("kubelet", tt.wantResult)); n < 1 {
+				t.Errorf("observation_verifications_total{leases=kubelet,result=%s} = %v, want ≥ 1", tt.wantResult, n)
+			}
+		})
+	}
 }

@@ -128,8 +128,9 @@ func indent(s, prefix string) string {
 	return strings.Join(lines, "\n")
 }
 
-// startReplica runs one remediator process.
-func (e *env) startReplica(name, configPath string) *replica {
+// startReplica runs one remediator process; extra flags follow the defaults (a repeated flag
+// takes the last value).
+func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	e.t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -137,7 +138,7 @@ func (e *env) startReplica(name, configPath string) *replica {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	p, err := testbin.Start(name, remediatorBin, []string{
+	p, err := testbin.Start(name, remediatorBin, append([]string{
 		"--kubeconfig", cp.KubeconfigPath(),
 		"--namespace", e.ns,
 		"--config", configPath,
@@ -153,7 +154,7 @@ func (e *env) startReplica(name, configPath string) *replica {
 		"--termination-confirm-delay", "2s",
 		"--log-format", "text",
 		"--log-level", "debug",
-	}, "POD_NAME="+name, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
+	}, extra...), "POD_NAME="+name, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
 const (
@@ -44,9 +46,14 @@ type simNode struct {
 	stopped bool
 }
 
-// expiry is when the later of the node's two Leases expires, from what the apiserver stored.
+// expiry is when the remediator judges the later of the node's two Leases stale, from what
+// the apiserver stored: its renewTime (taken just before the renewal was sent, so the
+// remediator saw the change a little later) plus the duration and the grace
+// (decide.StaleAfter). The remediator judges by when it saw a Lease change, not by renewTime;
+// on one machine the two clocks are the same, and measuring from renewTime counts the
+// renewal's round trip and the watch delivery as latency.
 func (n *simNode) expiry() time.Time {
-	k, a := n.kubelet.expiry(), n.agent.expiry()
+	k, a := n.kubelet.staleAt(), n.agent.staleAt()
 	if a.After(k) {
 		return a
 	}
@@ -67,6 +74,16 @@ func (s *leaseSlot) expiry() time.Time {
 		return time.Time{}
 	}
 	return s.obj.Spec.RenewTime.Add(time.Duration(*s.obj.Spec.LeaseDurationSeconds) * time.Second)
+}
+
+// staleAt is when the remediator judges the Lease stale if it is not renewed again.
+func (s *leaseSlot) staleAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.obj == nil || s.obj.Spec.RenewTime == nil || s.obj.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}
+	}
+	return s.obj.Spec.RenewTime.Add(decide.StaleAfter(time.Duration(*s.obj.Spec.LeaseDurationSeconds) * time.Second))
 }
 
 // fleet creates the simulated nodes and keeps their Leases fresh.

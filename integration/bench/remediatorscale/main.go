@@ -50,6 +50,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/signal"
@@ -68,6 +69,7 @@ import (
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
+	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
 const agentNS = "nodevigil-system"
@@ -86,6 +88,7 @@ type options struct {
 	kubeQPS                 float64
 	kubeBurst               int
 	remEnv                  envList
+	countAPI                bool
 }
 
 // envList is a repeatable KEY=VALUE flag.
@@ -121,6 +124,7 @@ func main() {
 	flag.IntVar(&o.workers, "workers", 0, "remediator --workers (0: its default)")
 	flag.Float64Var(&o.kubeQPS, "kube-api-qps", 0, "remediator --kube-api-qps (0: its default)")
 	flag.IntVar(&o.kubeBurst, "kube-api-burst", 0, "remediator --kube-api-burst (0: its default)")
+	flag.BoolVar(&o.countAPI, "count-api", true, "send the remediator through a counting proxy and report its API requests per phase")
 	flag.Var(&o.remEnv, "remediator-env", "KEY=VALUE added to the remediator's environment (repeatable), e.g. GOMEMLIMIT=120MiB or KUBE_FEATURE_WatchListClient=true")
 	flag.Parse()
 	if err := o.validate(); err != nil {
@@ -192,6 +196,10 @@ type result struct {
 	silencedZones        map[string]int
 	terminationsByResult map[string]float64
 	blocked              map[string]float64
+	apiPhases            []string // per phase: requests counted by the proxy
+	apiSteady            *apiRate
+	apiSteadyServer      *apiRate // apiserver_request_total less the most the load generator can have sent
+	apiSteadyServerMax   *apiRate // … less the least it can have sent
 }
 
 func run(ctx context.Context, o options) (err error) {
@@ -222,6 +230,8 @@ func run(ctx context.Context, o options) (err error) {
 	rc := cp.Config()
 	rc.QPS, rc.Burst = 2000, 4000
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	genReqs := &tally{}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{next: rt, t: genReqs} })
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
@@ -277,8 +287,25 @@ func run(ctx context.Context, o options) (err error) {
 	addr := l.Addr().String()
 	l.Close()
 	base := "http://" + addr
+	kubeconfig := cp.KubeconfigPath()
+	var api *apiCounter
+	if o.countAPI {
+		if api, err = startAPICounter(cp.Config()); err != nil {
+			return err
+		}
+		defer api.close()
+		if kubeconfig, err = api.writeKubeconfig(dir); err != nil {
+			return err
+		}
+	}
+	snap := func() map[string]int64 {
+		if api == nil {
+			return nil
+		}
+		return api.snapshot()
+	}
 	args := []string{
-		"--kubeconfig", cp.KubeconfigPath(),
+		"--kubeconfig", kubeconfig,
 		"--namespace", agentNS,
 		"--config", cfgPath,
 		"--listen-address", addr,
@@ -300,7 +327,7 @@ func run(ctx context.Context, o options) (err error) {
 		tuning = append(tuning, "--kube-api-burst", fmt.Sprint(o.kubeBurst))
 	}
 	args = append(args, tuning...)
-	res.qpsNote = "binary defaults for --workers (4), --kube-api-qps (20), --kube-api-burst (40), --resync-period (5m)"
+	res.qpsNote = "binary defaults for --workers (4), --kube-api-qps (50), --kube-api-burst (200), --resync-period (5m)"
 	if len(tuning) > 0 {
 		res.qpsNote = strings.Join(tuning, " ") + "; other settings at the binary's defaults (--workers 4, --kube-api-qps 20, --kube-api-burst 40, --resync-period 5m)"
 	}
@@ -348,7 +375,8 @@ func run(ctx context.Context, o options) (err error) {
 	}); err != nil {
 		return fmt.Errorf("remediator leadership: %w", err)
 	}
-	observeEnd := leadAt.Add(o.bulkLease)
+	// A new leader judges nothing stale for one agent Lease duration plus its grace.
+	observeEnd := leadAt.Add(decide.StaleAfter(o.bulkLease))
 	c.logf("leading since %s; observing until %s", leadAt.Format(time.TimeOnly), observeEnd.Format(time.TimeOnly))
 	// The first pass over every node is done when the census (refreshed every 10 s) counts them.
 	if err := waitFor(ctx, rem, 5*time.Minute, func() bool {
@@ -360,12 +388,22 @@ func run(ctx context.Context, o options) (err error) {
 	syncEnd := time.Now()
 	res.judgedAfter = syncEnd.Sub(remStart)
 	res.phases = append(res.phases, smp.phase("start-up: list, sync, lead, first judgement of every node", remStart, syncEnd))
+	apiSync := snap()
 	if err := sleepWatch(ctx, rem, time.Until(observeEnd.Add(5*time.Second))); err != nil {
 		return err
 	}
 	res.phases = append(res.phases, smp.phase("observe: rest of the observe period", syncEnd, time.Now()))
+	apiObserve := snap()
 
 	// Phase 3: steady state.
+	// The load generator's requests are read on both sides of each apiserver scrape: the
+	// apiserver counted them at some moment in between, so the rest is known within a range.
+	gen0lo := genReqs.snapshot()
+	srv0, err := apiserverCounts(ctx, cp.Config())
+	if err != nil {
+		return err
+	}
+	gen0hi := genReqs.snapshot()
 	steadyStart := time.Now()
 	renew0 := f.renewals.Load()
 	c.logf("steady state for %s", o.steady)
@@ -375,6 +413,17 @@ func run(ctx context.Context, o options) (err error) {
 	steadyEnd := time.Now()
 	res.steadyRenewRate = float64(f.renewals.Load()-renew0) / steadyEnd.Sub(steadyStart).Seconds()
 	res.phases = append(res.phases, smp.phase("steady: all nodes healthy", steadyStart, steadyEnd))
+	apiSteady := snap()
+	gen1lo := genReqs.snapshot()
+	srv1, err := apiserverCounts(ctx, cp.Config())
+	if err != nil {
+		return err
+	}
+	gen1hi := genReqs.snapshot()
+	// Least and most the generator can have sent between the two scrapes.
+	lo := serverSideRate(srv0, srv1, gen0lo, gen1hi, steadyEnd.Sub(steadyStart))
+	hi := serverSideRate(srv0, srv1, gen0hi, gen1lo, steadyEnd.Sub(steadyStart))
+	res.apiSteadyServer, res.apiSteadyServerMax = &lo, &hi
 	baseline, err := scrape(ctx, base)
 	if err != nil {
 		return err
@@ -438,6 +487,16 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	silenceEnd := time.Now()
 	res.phases = append(res.phases, smp.phase("silence: first silence → settled", silenceStart, silenceEnd))
+	if api != nil {
+		apiEnd := api.snapshot()
+		r := rateBetween(apiObserve, apiSteady, steadyEnd.Sub(steadyStart))
+		res.apiSteady = &r
+		res.apiPhases = []string{
+			"start-up: " + countsBetween(nil, apiSync),
+			"observe: " + countsBetween(apiSync, apiObserve),
+			"silence: " + countsBetween(apiSteady, apiEnd),
+		}
+	}
 	final, err := scrape(ctx, base)
 	if err != nil {
 		return err
@@ -687,11 +746,21 @@ func printTables(w *os.File, r *result) {
 	for _, p := range r.phases {
 		fmt.Fprintf(w, "| CPU %s | remediator %.0f mCPU · etcd+apiserver %.0f mCPU · load generator %.0f mCPU |\n", p.name, p.remCPU, p.cpCPU, p.genCPU)
 	}
+	if r.apiSteadyServer != nil {
+		fmt.Fprintf(w, "| API requests, steady: all nodes healthy, apiserver-side (apiserver_request_total less the load generator's own requests: the remediator plus kube-apiserver's own loopback clients; at least) | %s |\n", r.apiSteadyServer)
+		fmt.Fprintf(w, "| API requests, same, at most (the generator's requests during each scrape counted as the apiserver's) | %s |\n", r.apiSteadyServerMax)
+	}
+	if r.apiSteady != nil {
+		fmt.Fprintf(w, "| API requests of the remediator, steady: all nodes healthy (counting proxy) | %s |\n", r.apiSteady)
+		for _, p := range r.apiPhases {
+			fmt.Fprintf(w, "| API requests of the remediator, %s |\n", strings.Replace(p, ": ", " | ", 1))
+		}
+	}
 	fmt.Fprintf(w, "| detection latency, remediator log (ms) | %s |\n", r.detectLog)
 	fmt.Fprintf(w, "| detection latency, histogram | n=%.0f · mean %s · p50 ≈ %s · p99 ≈ %s |\n",
 		r.detectHist.count, meanOf(r.detectHist), r.detectHist.quantile(0.5), r.detectHist.quantile(0.99))
 	fmt.Fprintf(w, "| detection latency, NodeSilent Events (FirstTimestamp is truncated to the second: ±1 s) | %s |\n", r.detectEvt)
-	fmt.Fprintf(w, "| termination latency, EC2 arrival − (expiry + toleration) | %s |\n", r.terminate)
+	fmt.Fprintf(w, "| termination latency, EC2 arrival − (stale + toleration) | %s |\n", r.terminate)
 	for _, st := range stageOrder {
 		fmt.Fprintf(w, "| termination stage %s | %s |\n", st, r.stages[st])
 	}

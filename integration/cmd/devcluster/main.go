@@ -77,7 +77,14 @@ func up(ctx context.Context, args []string) error {
 			return fmt.Errorf("%s not found in %s: run `make build` first (make run does): %w", b, *binDir, err)
 		}
 	}
-	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir})
+	term := newTerminal(os.Stdout, "control-plane", "devcluster", "ec2-emulator", "nodevigil-agent", "nodevigil-remediator")
+	own := term.writer("devcluster")
+	defer own.Close()
+	slog.SetDefault(slog.New(slog.NewTextHandler(own, nil)))
+
+	cpOut := term.writer("control-plane")
+	defer cpOut.Close()
+	cp, err := controlplane.Start(ctx, controlplane.Config{Dir: *dir, Progress: cpOut, Build: controlplane.BuildConfig{Progress: cpOut}})
 	if err != nil {
 		return err
 	}
@@ -96,7 +103,11 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 
-	emu := ec2emu.New(ec2emu.Config{})
+	emuOut := term.writer("ec2-emulator")
+	defer emuOut.Close()
+	// The emulator logs every call at Info; at Warn only failures and injected faults show, so
+	// the fleet's story is not buried under DescribeInstances lines.
+	emu := ec2emu.New(ec2emu.Config{Logger: slog.New(slog.NewTextHandler(emuOut, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err := emu.AddInstance(ec2emu.Instance{ID: devInstanceID, Zone: devZone, Tags: map[string]string{devClusterTag: "owned"}}); err != nil {
 		return err
 	}
@@ -105,7 +116,7 @@ func up(ctx context.Context, args []string) error {
 	}
 	defer emu.Close()
 
-	agent, err := startChild(filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
+	agent, err := startChild(term, "nodevigil-agent", filepath.Join(*binDir, "nodevigil-agent"), []string{"run",
 		"--node-name", host, "--namespace", devNamespace, "--pod-name", "nodevigil-agent-" + host,
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", "/", "--listen-address", *agentAddr,
 		"--log-format", "text",
@@ -114,7 +125,7 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stopChild("nodevigil-agent", agent)
-	rem, err := startChild(filepath.Join(*binDir, "nodevigil-remediator"), []string{
+	rem, err := startChild(term, "nodevigil-remediator", filepath.Join(*binDir, "nodevigil-remediator"), []string{
 		"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace, "--dry-run",
 		"--listen-address", *remAddr, "--metrics-secure=false", "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", devClusterTag, "--log-format", "text",
@@ -124,7 +135,7 @@ func up(ctx context.Context, args []string) error {
 	}
 	defer stopChild("nodevigil-remediator", rem)
 
-	fmt.Printf(`
+	term.block(fmt.Sprintf(`
 nodevigil is running locally:
   control plane  %[1]s (kube-apiserver, etcd, kube-controller-manager)
   EC2 emulator   %[2]s (instance %[3]s)
@@ -139,9 +150,9 @@ nodevigil is running locally:
   The agent runs against this machine's real /proc and CNI directories. There is no kubelet
   here, so the Node turns Ready=Unknown and the agent says what it sees (KubeletHealthy,
   NetworkingReady); the remediator, in dry-run, records what it would do about it.
-Ctrl-C stops everything.
+Every line below is prefixed with the process that wrote it. Ctrl-C stops everything.
 `, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath(),
-		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace)
+		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace))
 
 	select {
 	case <-ctx.Done():
@@ -188,15 +199,21 @@ type child struct {
 	exited chan error
 }
 
-func startChild(path string, args []string, env ...string) (*child, error) {
+// startChild starts one of our binaries with its output prefixed by name on the terminal.
+func startChild(term *terminal, name, path string, args []string, env ...string) (*child, error) {
 	cmd := exec.Command(path, args...)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	out := term.writer(name)
+	cmd.Stdout, cmd.Stderr = out, out
 	cmd.Env = append(os.Environ(), env...)
 	if err := testbin.StartTied(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", path, err)
 	}
 	c := &child{cmd: cmd, exited: make(chan error, 1)}
-	go func() { c.exited <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		_ = out.Close()
+		c.exited <- err
+	}()
 	return c, nil
 }
 

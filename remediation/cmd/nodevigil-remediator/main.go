@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/nodevigil/nodevigil/remediation"
 	"github.com/nodevigil/nodevigil/remediation/config"
@@ -98,6 +99,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := o.logger(stderr)
+	slog.SetDefault(log)
+	// client-go's own lines (leader election, reflector warnings, API deprecation notices) go
+	// through the same handler, so one process speaks in one format and obeys --log-level.
+	klog.SetSlogLogger(log)
 	if err := serve(ctx, o, rc, log); err != nil {
 		log.Error("remediator stopped", "err", err)
 		return 1

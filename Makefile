@@ -103,11 +103,11 @@ timeline: control-plane kwok ## Regenerate docs/remediation-timeline.svg from a 
 	NODEVIGIL_TIMELINE_SVG=$(CURDIR)/docs/remediation-timeline.svg $(GO) test -count=1 -run '^TestS000' ./integration/scenarios/
 
 .PHONY: manifests
-manifests: ## Render manifests/install.yaml from the Helm chart.
+manifests: ## Render manifests/install.yaml and manifests/kustomize/nodevigil.yaml from the Helm chart.
 	bash manifests/render.sh
 
 .PHONY: verify-manifests
-verify-manifests: ## Fail when manifests/install.yaml is stale.
+verify-manifests: ## Fail when manifests/install.yaml or the kustomize base is stale.
 	bash manifests/verify.sh
 
 .PHONY: images

@@ -7,6 +7,9 @@
 # nothing is downloaded but Go modules, and the first run builds helm (about two minutes; Go
 # caches the result). Set HELM to a helm binary of the same version to skip that build.
 #
+# It also writes manifests/kustomize/nodevigil.yaml, the same objects for the kustomize base in
+# manifests/kustomize (kustomize loads no file outside its directory).
+#
 # Usage: manifests/render.sh [output]   (default manifests/install.yaml; "-" for stdout)
 set -euo pipefail
 
@@ -76,6 +79,12 @@ fi
 tmp=$(mktemp "${out}.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
 render >"$tmp"
+kust="$(dirname "$out")/kustomize/nodevigil.yaml"
+if [[ "$out" == "$dir/install.yaml" ]] || [[ -d "$(dirname "$kust")" ]]; then
+	mkdir -p "$(dirname "$kust")"
+	cp "$tmp" "$kust"
+	echo "wrote $kust"
+fi
 mv "$tmp" "$out"
 trap - EXIT
 echo "wrote $out"

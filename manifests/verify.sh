@@ -8,7 +8,17 @@ dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+mkdir -p "$tmp/kustomize"
 bash "$dir/render.sh" "$tmp/install.yaml" >/dev/null
+
+for f in kustomize/nodevigil.yaml kustomize/kustomization.yaml; do
+	[[ -f "$dir/$f" ]] || { echo "manifests/$f is missing; run \`make manifests\`" >&2; exit 1; }
+done
+if ! diff -u "$dir/kustomize/nodevigil.yaml" "$tmp/kustomize/nodevigil.yaml" >"$tmp/kdiff"; then
+	echo "manifests/kustomize/nodevigil.yaml is stale. Run \`make manifests\` (bash manifests/render.sh) and commit it. Difference:" >&2
+	head -n 200 "$tmp/kdiff" >&2
+	exit 1
+fi
 
 if ! diff -u "$dir/install.yaml" "$tmp/install.yaml" >"$tmp/diff"; then
 	echo "manifests/install.yaml is stale: it differs from what manifests/render.sh renders from manifests/charts/nodevigil." >&2
@@ -28,4 +38,4 @@ else
 		exit 1
 	}
 fi
-echo "manifests/install.yaml is up to date; chart lints clean"
+echo "manifests/install.yaml and manifests/kustomize are up to date; chart lints clean"

@@ -10,12 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // helmVersion is the helm manifests/render.sh renders install.yaml with.
@@ -105,6 +107,10 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"wrong type", []string{"remediator.replicas=two"}, "at '/remediator/replicas': got string, want integer"},
 		{"live without cluster name", []string{"remediator.dryRun=false"}, "remediator.clusterName is empty but remediator.dryRun is false"},
 		{"live with cluster name", []string{"remediator.dryRun=false", "remediator.clusterName=prod"}, ""},
+		{"live with an opt-in tag instead of a cluster name", []string{"remediator.dryRun=false", "remediator.ownershipTag.key=nodevigil.io/remediate"}, ""},
+		{"ownership tag key with a space", []string{"remediator.ownershipTag.key=my tag"}, "at '/remediator/ownershipTag/key'"},
+		{"agent bound to loopback", []string{"agent.listenHost=127.0.0.1"}, "at '/agent/listenHost': value must be one of"},
+		{"agent bound to the node's IP", []string{"agent.listenHost=hostIP"}, ""},
 		{"node.kubernetes.io taint", []string{"agent.ownedTaints[0]=node.kubernetes.io/not-ready"}, `"node.kubernetes.io/not-ready" is a Kubernetes system taint`},
 		{"cloud provider taint", []string{"agent.ownedTaints[0]=node.cloudprovider.kubernetes.io/uninitialized"}, "is a Kubernetes system taint"},
 		{"node-role taint", []string{"agent.ownedTaints[0]=node-role.kubernetes.io/control-plane"}, "is a Kubernetes system taint"},
@@ -230,5 +236,72 @@ func TestChartFromOCIRegistry(t *testing.T) {
 	}
 	if strings.Contains(out, "kind: ValidatingAdmissionPolicy") {
 		t.Error("admissionPolicy.enabled=false still renders a ValidatingAdmissionPolicy")
+	}
+}
+
+// TestAgentListenHost checks agent.listenHost: by default the agent binds every address of the
+// node; hostIP binds the node's primary IP, which the kubelet substitutes from the downward
+// API (status.hostIP) into --listen-address.
+func TestAgentListenHost(t *testing.T) {
+	tests := []struct {
+		sets     []string
+		wantArg  string
+		wantHost bool
+	}{
+		{nil, "--listen-address=:9736", false},
+		{[]string{"agent.listenHost=hostIP"}, "--listen-address=$(HOST_IP):9736", true},
+		{[]string{"agent.listenHost=0.0.0.0", "agent.listenPort=9100"}, "--listen-address=0.0.0.0:9100", false},
+	}
+	for _, tt := range tests {
+		ds := findObject(t, renderedObjects(t, tt.sets...), "DaemonSet")
+		containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+		c := containers[0].(map[string]any)
+		args, _, _ := unstructured.NestedStringSlice(c, "args")
+		if !slices.Contains(args, tt.wantArg) {
+			t.Errorf("%v: agent args %v lack %s", tt.sets, args, tt.wantArg)
+		}
+		env, _, _ := unstructured.NestedSlice(c, "env")
+		hostIP := false
+		for _, e := range env {
+			if e.(map[string]any)["name"] == "HOST_IP" {
+				path, _, _ := unstructured.NestedString(e.(map[string]any), "valueFrom", "fieldRef", "fieldPath")
+				hostIP = path == "status.hostIP"
+			}
+		}
+		if hostIP != tt.wantHost {
+			t.Errorf("%v: HOST_IP from status.hostIP in env = %v, want %v", tt.sets, hostIP, tt.wantHost)
+		}
+	}
+}
+
+// TestOwnershipTag checks how remediator.clusterName and remediator.ownershipTag become the
+// remediator's --cluster-tag-key and --cluster-tag-values.
+func TestOwnershipTag(t *testing.T) {
+	tests := []struct {
+		sets []string
+		want []string
+		not  []string
+	}{
+		{[]string{"remediator.clusterName=prod"}, []string{"--cluster-tag-key=kubernetes.io/cluster/prod"}, []string{"--cluster-tag-values"}},
+		{[]string{"remediator.clusterName=prod", "remediator.ownershipTag.key=nodevigil.io/remediate", "remediator.ownershipTag.values={yes,on}"},
+			[]string{"--cluster-tag-key=nodevigil.io/remediate", "--cluster-tag-values=yes,on"}, nil},
+		{nil, nil, []string{"--cluster-tag-key", "--cluster-tag-values"}},
+	}
+	for _, tt := range tests {
+		d := findObject(t, renderedObjects(t, tt.sets...), "Deployment")
+		containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		for _, w := range tt.want {
+			if !slices.Contains(args, w) {
+				t.Errorf("%v: remediator args %v lack %s", tt.sets, args, w)
+			}
+		}
+		for _, n := range tt.not {
+			for _, a := range args {
+				if strings.HasPrefix(a, n) {
+					t.Errorf("%v: remediator args have %s", tt.sets, a)
+				}
+			}
+		}
 	}
 }

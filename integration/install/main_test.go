@@ -88,6 +88,11 @@ func readManifest(path string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
+	return decodeManifest(data, path)
+}
+
+// decodeManifest decodes the objects of a multi-document YAML stream; path names it in errors.
+func decodeManifest(data []byte, path string) ([]*unstructured.Unstructured, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	var objs []*unstructured.Unstructured
 	for {

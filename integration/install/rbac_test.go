@@ -145,6 +145,9 @@ func TestRemediatorRBAC(t *testing.T) {
 		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespace: namespace, name: "nodevigil-remediator", allowed: true},
 		{verb: "create", resource: "events", namespace: "default", allowed: true},
 		{verb: "patch", resource: "events", namespace: "default", allowed: true},
+		// The secure metrics endpoint reviews each scraper's token and permission.
+		{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews", allowed: true},
+		{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews", allowed: true},
 
 		// Verbs the remediator never calls: its informers answer every read of Nodes, Pods
 		// and Leases, and it patches rather than updates.

@@ -143,6 +143,7 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 		"--namespace", e.ns,
 		"--config", configPath,
 		"--listen-address", addr,
+		"--metrics-secure=false", // these tests scrape plain HTTP; integration/install tests the secure server
 		"--ec2-endpoint", e.emu.URL(),
 		"--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,

@@ -157,7 +157,7 @@ func (w *world) startRemediator(name string) *testbin.Process {
 	l.Close()
 	p, err := testbin.Start(name, remediatorBin, []string{
 		"--kubeconfig", cp.KubeconfigPath(), "--namespace", w.ns, "--config", w.cfg,
-		"--listen-address", addr, "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
+		"--listen-address", addr, "--metrics-secure=false", "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
 		"--resync-period", "10s", "--termination-confirm-delay", "2s",

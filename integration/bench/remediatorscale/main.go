@@ -309,6 +309,7 @@ func run(ctx context.Context, o options) (err error) {
 		"--namespace", agentNS,
 		"--config", cfgPath,
 		"--listen-address", addr,
+		"--metrics-secure=false",
 		"--ec2-endpoint", ec2srv.URL,
 		"--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,

@@ -155,7 +155,7 @@ func up(ctx context.Context, args []string) error {
 	defer stopChild("nodevigil-agent", agent)
 	remArgs := append([]string{"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace}, remMode...)
 	rem, err := startChild(term, "nodevigil-remediator", filepath.Join(*binDir, "nodevigil-remediator"), append(remArgs,
-		"--listen-address", *remAddr, "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
+		"--listen-address", *remAddr, "--metrics-secure=false", "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", devClusterTag, "--log-format", "text",
 	), "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
 	if err != nil {

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +33,7 @@ import (
 	"github.com/nodevigil/nodevigil/remediation"
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/ec2"
+	"github.com/nodevigil/nodevigil/remediation/metricsauth"
 
 	// Mozilla's CA roots, used only when the system has none (the scratch image has none),
 	// so the EC2 client verifies the AWS endpoint's certificate.
@@ -134,8 +136,10 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 			Region:        o.awsRegion,
 			Endpoint:      o.ec2Endpoint,
 			ClusterTagKey: o.clusterTagKey,
-			Registerer:    reg,
-			Logger:        log.With("component", "ec2"),
+			// nil keeps ec2.DefaultClusterTagValues.
+			ClusterTagValues: o.clusterTagVals,
+			Registerer:       reg,
+			Logger:           log.With("component", "ec2"),
 		})
 		if err != nil {
 			return fmt.Errorf("build EC2 client: %w", err)
@@ -175,6 +179,16 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		return fmt.Errorf("listen on %s: %w", o.listenAddress, err)
 	}
 	srv := &http.Server{Handler: ctrl.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	if o.metricsSecure {
+		host, _ := os.Hostname()
+		tlsCfg, err := metricsauth.TLSConfig(o.metricsTLSCert, o.metricsTLSKey, []string{host, "localhost"}, time.Now())
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		srv.Handler = metricsauth.Handler(client, log.With("component", "metrics"), srv.Handler)
+		ln = tls.NewListener(ln, tlsCfg)
+	}
 	srvErr := make(chan error, 1)
 	go func() { srvErr <- srv.Serve(ln) }()
 	defer func() {
@@ -188,7 +202,7 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		policies = append(policies, p.Name+"="+string(p.Action))
 	}
 	log.Info("starting", "identity", ctrl.Identity(), "dry_run", rc.DryRun, "policies", policies,
-		"leader_elect", o.leaderElect, "listen_address", o.listenAddress, "agent_namespace", rc.AgentNamespace)
+		"cluster_tag_key", o.clusterTagKey, "cluster_tag_values", o.clusterTagVals, "leader_elect", o.leaderElect, "listen_address", o.listenAddress, "metrics_secure", o.metricsSecure, "agent_namespace", rc.AgentNamespace)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

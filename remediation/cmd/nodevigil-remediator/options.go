@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nodevigil/nodevigil/remediation"
+	"github.com/nodevigil/nodevigil/remediation/ec2"
 )
 
 // options are the command line, validated.
@@ -22,6 +23,9 @@ type options struct {
 	configPath     string
 	dryRun         optionalBool
 	listenAddress  string
+	metricsSecure  bool
+	metricsTLSCert string
+	metricsTLSKey  string
 	leaderElect    bool
 	leaseDuration  time.Duration
 	renewDeadline  time.Duration
@@ -29,6 +33,7 @@ type options struct {
 	ec2Endpoint    string
 	awsRegion      string
 	clusterTagKey  string
+	clusterTagVals []string
 	kubeAPIQPS     float64
 	kubeAPIBurst   int
 	resyncPeriod   time.Duration
@@ -54,12 +59,27 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.configPath, "config", "", "path to a RemediatorConfig file; empty means the built-in defaults (dry-run)")
 	fs.Var(&o.dryRun, "dry-run", "decide and report but change nothing; when set, overrides dryRun in the config file")
 	fs.StringVar(&o.listenAddress, "listen-address", ":9737", "address serving /healthz, /readyz and /metrics")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "serve over TLS and require scrapers of /metrics to authenticate (TokenReview) and be authorised to get /metrics (SubjectAccessReview); /healthz and /readyz stay open")
+	fs.StringVar(&o.metricsTLSCert, "metrics-tls-cert-file", "", "serving certificate (PEM) for --metrics-secure; empty means a self-signed one made at start")
+	fs.StringVar(&o.metricsTLSKey, "metrics-tls-key-file", "", "private key (PEM) of --metrics-tls-cert-file")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "hold a leader Lease so that only one replica acts")
 	fs.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", remediation.DefaultLeaseDuration, "how long a leader Lease is valid without renewal")
 	fs.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", remediation.DefaultRenewDeadline, "how long the leader keeps trying to renew before it stops acting")
 	fs.DurationVar(&o.retryPeriod, "leader-elect-retry-period", remediation.DefaultRetryPeriod, "how often leader election is retried")
 	fs.StringVar(&o.ec2Endpoint, "ec2-endpoint", "", "EC2 endpoint URL override (an emulator, a VPC endpoint)")
 	fs.StringVar(&o.awsRegion, "aws-region", "", "AWS region; empty means the SDK's default chain (AWS_REGION)")
+	fs.Func("cluster-tag-values", "comma-separated values of --cluster-tag-key that mark an instance as this cluster's to terminate (default "+strings.Join(ec2.DefaultClusterTagValues, ",")+"); e.g. true for an opt-in tag such as nodevigil.io/remediate=true", func(s string) error {
+		o.clusterTagVals = nil
+		for _, v := range strings.Split(s, ",") {
+			if v = strings.TrimSpace(v); v != "" {
+				o.clusterTagVals = append(o.clusterTagVals, v)
+			}
+		}
+		if len(o.clusterTagVals) == 0 {
+			return fmt.Errorf("%q lists no value; leave the flag out for the defaults (%s)", s, strings.Join(ec2.DefaultClusterTagValues, ","))
+		}
+		return nil
+	})
 	fs.StringVar(&o.clusterTagKey, "cluster-tag-key", "", "EC2 tag key marking the cluster's instances, e.g. kubernetes.io/cluster/<name>; required unless dry-run")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "API server request rate limit (Node patches, drains; Events have their own limit)")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "API server request burst: a zone failing at once needs ~3 patches per node at the same moment")
@@ -88,6 +108,12 @@ func (o *options) validate() error {
 	}
 	if o.listenAddress == "" {
 		fail("listen-address", "must not be empty; the probes and metrics are served there (e.g. :9737)")
+	}
+	if (o.metricsTLSCert == "") != (o.metricsTLSKey == "") {
+		fail("metrics-tls-cert-file", "--metrics-tls-cert-file and --metrics-tls-key-file must be set together")
+	}
+	if !o.metricsSecure && o.metricsTLSCert != "" {
+		fail("metrics-tls-cert-file", "is used only with --metrics-secure=true")
 	}
 	if o.leaderElect {
 		if o.retryPeriod <= 0 {

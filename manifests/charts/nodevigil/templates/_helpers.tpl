@@ -127,8 +127,8 @@ readiness taints like ours, excepted), and so are the taints of the autoscalers 
 {{- fail (printf "agent.conditionTypes entry %q is a built-in Node condition the kubelet or the cloud provider owns; the agent may own only its own types (KubeletHealthy, NetworkingReady, MemoryHealthy, KubeletConfigValid)" .) -}}
 {{- end -}}
 {{- end -}}
-{{- if and (not .Values.remediator.dryRun) (not .Values.remediator.clusterName) -}}
-{{- fail "remediator.clusterName is empty but remediator.dryRun is false: set remediator.clusterName to the EKS cluster name, so that the remediator terminates only instances tagged kubernetes.io/cluster/<clusterName> (or keep remediator.dryRun=true)" -}}
+{{- if and (not .Values.remediator.dryRun) (not (include "nodevigil.ownershipTagKey" .)) -}}
+{{- fail "remediator.clusterName is empty but remediator.dryRun is false: set remediator.clusterName to the EKS cluster name, so that the remediator terminates only instances tagged kubernetes.io/cluster/<clusterName> (or set remediator.ownershipTag.key to an opt-in tag, or keep remediator.dryRun=true)" -}}
 {{- end -}}
 {{- if and (hasKey .Values.remediator.podDisruptionBudget "minAvailable") (hasKey .Values.remediator.podDisruptionBudget "maxUnavailable") -}}
 {{- fail "remediator.podDisruptionBudget: set maxUnavailable or minAvailable, not both (maxUnavailable: 1 is the default and never blocks a node drain; set maxUnavailable: null to use minAvailable)" -}}
@@ -182,3 +182,15 @@ parses the quantity itself; call with (dict "resources" .Values.x.resources "per
   value: {{ div (mul $num $mult .percent) 100 | toString | quote }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The EC2 tag key the remediator requires before it terminates an instance (--cluster-tag-key):
+remediator.ownershipTag.key, else kubernetes.io/cluster/<remediator.clusterName>, else empty.
+*/}}
+{{- define "nodevigil.ownershipTagKey" -}}
+{{- if .Values.remediator.ownershipTag.key -}}
+{{- .Values.remediator.ownershipTag.key -}}
+{{- else if .Values.remediator.clusterName -}}
+kubernetes.io/cluster/{{ .Values.remediator.clusterName }}
+{{- end -}}
+{{- end }}

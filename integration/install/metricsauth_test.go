@@ -1,0 +1,126 @@
+package install_test
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/remediation/metricsauth"
+)
+
+// TestRemediatorMetricsAuth serves the remediator's handler chain as --metrics-secure does
+// (TLS with a self-signed certificate, metricsauth.Handler) with the API client of the
+// remediator's ServiceAccount, so its installed RBAC must allow the TokenReviews and
+// SubjectAccessReviews. Scrapers are real ServiceAccount tokens: one bound to the chart's
+// metrics-reader ClusterRole gets 200, one without the binding 403, no token and a made-up
+// token 401, plain HTTP no metrics; the probes answer without a token.
+func TestRemediatorMetricsAuth(t *testing.T) {
+	ensureInstalled(t)
+	ctx := t.Context()
+	admin := adminClient(t)
+	ns := uniq("scrapers")
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+
+	remediator := saClient(ctx, t, namespace, remediatorSA, nil)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "nodevigil_remediator_is_leader 1\n") })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	tlsCfg, err := metricsauth.TLSConfig("", "", []string{"localhost"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: metricsauth.Handler(remediator, slog.New(slog.DiscardHandler), mux), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(tls.NewListener(ln, tlsCfg)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := ln.Addr().String()
+
+	cfgAllowed, err := cp.ServiceAccountConfig(ctx, ns, "prometheus", controlplane.TokenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgDenied, err := cp.ServiceAccountConfig(ctx, ns, "stranger", controlplane.TokenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: ns + "-metrics"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "nodevigil-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: "prometheus"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), ns+"-metrics", metav1.DeleteOptions{})
+	})
+
+	insecure := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	get := func(scheme, path, token string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := insecure.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	cases := []struct {
+		name, scheme, path, token string
+		want                      int
+	}{
+		{"bound ServiceAccount", "https", "/metrics", cfgAllowed.BearerToken, http.StatusOK},
+		{"ServiceAccount without the binding", "https", "/metrics", cfgDenied.BearerToken, http.StatusForbidden},
+		{"no token", "https", "/metrics", "", http.StatusUnauthorized},
+		{"token the API server never issued", "https", "/metrics", "not-a-token", http.StatusUnauthorized},
+		{"liveness probe without a token", "https", "/healthz", "", http.StatusOK},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var code int
+			var body string
+			// RBAC bindings reach the authorizer's cache a moment after they are created.
+			err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+				code, body = get(c.scheme, c.path, c.token)
+				return code == c.want, nil
+			})
+			if err != nil {
+				t.Fatalf("GET %s %s: %d %q, want %d", c.scheme, c.path, code, body, c.want)
+			}
+			if c.want == http.StatusOK && c.path == "/metrics" && !strings.Contains(body, "nodevigil_remediator_is_leader") {
+				t.Errorf("200 without the metrics: %q", body)
+			}
+		})
+	}
+
+	// Plain HTTP, even with a good token, gets no metrics.
+	code, body := get("http", "/metrics", cfgAllowed.BearerToken)
+	if code == http.StatusOK || strings.Contains(body, "nodevigil_remediator") {
+		t.Errorf("plain HTTP got %d %q, want a refusal", code, body)
+	}
+}

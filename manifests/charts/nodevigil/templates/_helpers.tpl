@@ -124,7 +124,7 @@ readiness taints like ours, excepted), and so are the taints of the autoscalers 
 {{- fail (printf "agent.conditionTypes entry %q is not a condition type" .) -}}
 {{- end -}}
 {{- if has . (list "Ready" "MemoryPressure" "DiskPressure" "PIDPressure" "NetworkUnavailable") -}}
-{{- fail (printf "agent.conditionTypes entry %q is a built-in Node condition the kubelet or the cloud provider owns; the agent may own only its own types (KubeletHealthy, NetworkingReady, MemoryHealthy, KubeletConfigValid)" .) -}}
+{{- fail (printf "agent.conditionTypes entry %q is a built-in Node condition the kubelet or the cloud provider owns; the agent may own only its own types (KubeletHealthy, NetworkingReady, MemoryHealthy, KubeletConfigValid and the AWS event conditions NoSpotInterruption, NoRebalanceRecommendation, NoScheduledEvent, NoASGTermination)" .) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (not .Values.remediator.dryRun) (not (include "nodevigil.ownershipTagKey" .)) -}}

@@ -155,18 +155,24 @@ func parseDescribe(form url.Values) (describeRequest, error) {
 	if req.filters, err = filters(form, knownFilter); err != nil {
 		return req, err
 	}
+	req.maxResults, req.nextToken, err = paging(form, req.ids)
+	return req, err
+}
+
+// paging parses a Describe call's MaxResults and NextToken as EC2 does: MaxResults between 5
+// and 1000, and never together with instance IDs.
+func paging(form url.Values, ids []string) (maxResults int, nextToken string, err error) {
 	if v := form.Get("MaxResults"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 5 || n > 1000 {
-			return req, errInvalidParameterValue("Value ( %s ) for parameter maxResults is invalid. Expecting a value between 5 and 1000.", v)
+			return 0, "", errInvalidParameterValue("Value ( %s ) for parameter maxResults is invalid. Expecting a value between 5 and 1000.", v)
 		}
-		if len(req.ids) > 0 {
-			return req, &apiError{status: 400, code: "InvalidParameterCombination", message: "The parameter instancesSet cannot be used with the parameter maxResults"}
+		if len(ids) > 0 {
+			return 0, "", &apiError{status: 400, code: "InvalidParameterCombination", message: "The parameter instancesSet cannot be used with the parameter maxResults"}
 		}
-		req.maxResults = n
+		maxResults = n
 	}
-	req.nextToken = form.Get("NextToken")
-	return req, nil
+	return maxResults, form.Get("NextToken"), nil
 }
 
 // match reports whether in matches every filter.

@@ -751,20 +751,11 @@ func (s *Server) describe(req describeRequest, dryRun bool, reqID string) (*desc
 			matched = append(matched, in)
 		}
 	}
-	offset := 0
-	if req.nextToken != "" {
-		var ok bool
-		if offset, ok = decodeToken(req.nextToken); !ok || offset > len(matched) {
-			return nil, &apiError{status: 400, code: "InvalidPaginationToken",
-				message: "The specified pagination token is not valid or is expired."}
-		}
+	page, next, e := pageOf(matched, req.maxResults, req.nextToken)
+	if e != nil {
+		return nil, e
 	}
-	page := matched[offset:]
-	resp := &describeInstancesResponse{Xmlns: xmlns, RequestID: reqID}
-	if req.maxResults > 0 && len(page) > req.maxResults {
-		page = page[:req.maxResults]
-		resp.NextToken = encodeToken(offset + req.maxResults)
-	}
+	resp := &describeInstancesResponse{Xmlns: xmlns, RequestID: reqID, NextToken: next}
 	for _, in := range page {
 		resp.ReservationSet.Items = append(resp.ReservationSet.Items, reservationXML{
 			ReservationID: reservationID(in.ID),
@@ -773,6 +764,24 @@ func (s *Server) describe(req describeRequest, dryRun bool, reqID string) (*desc
 		})
 	}
 	return resp, nil
+}
+
+// pageOf returns the page of matched that nextToken starts, at most maxResults long (0: all),
+// and the token of the page after it ("" at the end), as EC2's paged Describe calls do.
+func pageOf[T any](matched []T, maxResults int, nextToken string) ([]T, string, *apiError) {
+	offset := 0
+	if nextToken != "" {
+		var ok bool
+		if offset, ok = decodeToken(nextToken); !ok || offset > len(matched) {
+			return nil, "", &apiError{status: 400, code: "InvalidPaginationToken",
+				message: "The specified pagination token is not valid or is expired."}
+		}
+	}
+	page, next := matched[offset:], ""
+	if maxResults > 0 && len(page) > maxResults {
+		page, next = page[:maxResults], encodeToken(offset+maxResults)
+	}
+	return page, next, nil
 }
 
 func (s *Server) terminate(ids []string, dryRun bool, reqID string) (*terminateInstancesResponse, *apiError) {

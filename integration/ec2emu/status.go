@@ -3,7 +3,6 @@ package ec2emu
 import (
 	"encoding/xml"
 	"net/url"
-	"strconv"
 	"time"
 )
 
@@ -43,18 +42,8 @@ func parseStatus(form url.Values) (statusRequest, error) {
 		return req, err
 	}
 	req.includeAll = form.Get("IncludeAllInstances") == "true"
-	if v := form.Get("MaxResults"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 5 || n > 1000 {
-			return req, errInvalidParameterValue("Value ( %s ) for parameter maxResults is invalid. Expecting a value between 5 and 1000.", v)
-		}
-		if len(req.ids) > 0 {
-			return req, &apiError{status: 400, code: "InvalidParameterCombination", message: "The parameter instancesSet cannot be used with the parameter maxResults"}
-		}
-		req.maxResults = n
-	}
-	req.nextToken = form.Get("NextToken")
-	return req, nil
+	req.maxResults, req.nextToken, err = paging(form, req.ids)
+	return req, err
 }
 
 type statusDetailXML struct {
@@ -156,20 +145,11 @@ func (s *Server) describeStatus(req statusRequest, dryRun bool, reqID string) (*
 		}
 		matched = append(matched, item)
 	}
-	offset := 0
-	if req.nextToken != "" {
-		var ok bool
-		if offset, ok = decodeToken(req.nextToken); !ok || offset > len(matched) {
-			return nil, &apiError{status: 400, code: "InvalidPaginationToken",
-				message: "The specified pagination token is not valid or is expired."}
-		}
+	page, next, e := pageOf(matched, req.maxResults, req.nextToken)
+	if e != nil {
+		return nil, e
 	}
-	page := matched[offset:]
-	resp := &describeInstanceStatusResponse{Xmlns: xmlns, RequestID: reqID}
-	if req.maxResults > 0 && len(page) > req.maxResults {
-		page = page[:req.maxResults]
-		resp.NextToken = encodeToken(offset + req.maxResults)
-	}
+	resp := &describeInstanceStatusResponse{Xmlns: xmlns, RequestID: reqID, NextToken: next}
 	resp.InstanceStatusSet.Items = page
 	return resp, nil
 }

@@ -123,6 +123,7 @@ type fakeSystemd struct {
 	nrestarts     uint32
 	pid           uint32
 	subscribed    int
+	jobs          [][]any // ListJobs rows (usssoo) of the jobs queued now
 }
 
 func startFakeSystemd(t testing.TB, addr string) *fakeSystemd {
@@ -148,16 +149,22 @@ func startFakeSystemdWith(t testing.TB, addr string, withNRestarts bool) *fakeSy
 		"Result":                 {Value: "success", Emit: prop.EmitTrue},
 		"MainPID":                {Value: uint32(1000), Emit: prop.EmitTrue},
 		"ExecMainStartTimestamp": {Value: uint64(1_700_000_000_000_000), Emit: prop.EmitTrue},
+		"ExecMainExitTimestamp":  {Value: uint64(0), Emit: prop.EmitTrue},
+		"ExecMainCode":           {Value: int32(0), Emit: prop.EmitTrue},
+		"ExecMainStatus":         {Value: int32(0), Emit: prop.EmitTrue},
 	}
 	if withNRestarts {
 		service["NRestarts"] = &prop.Prop{Value: uint32(0), Emit: prop.EmitTrue}
 	}
 	f.props, err = prop.Export(conn, kubeletPath, prop.Map{
 		sdUnitIface: {
-			"Id":          {Value: "kubelet.service"},
-			"LoadState":   {Value: "loaded"},
-			"ActiveState": {Value: "active", Emit: prop.EmitTrue},
-			"SubState":    {Value: "running", Emit: prop.EmitTrue},
+			"Id":                  {Value: "kubelet.service"},
+			"LoadState":           {Value: "loaded"},
+			"ActiveState":         {Value: "active", Emit: prop.EmitTrue},
+			"SubState":            {Value: "running", Emit: prop.EmitTrue},
+			"ActiveExitTimestamp": {Value: uint64(0), Emit: prop.EmitTrue},
+			// Not emitted here, so the tests prove the JobNew subscription alone suffices.
+			"Job": {Value: noJob, Emit: prop.EmitFalse},
 		},
 		sdServiceIface: service,
 	})
@@ -169,6 +176,7 @@ func startFakeSystemdWith(t testing.TB, addr string, withNRestarts bool) *fakeSy
 		"ResetFailedUnit": f.resetFailedUnit,
 		"GetUnit":         f.getUnit,
 		"Subscribe":       f.subscribe,
+		"ListJobs":        f.listJobs,
 	}, sdManagerPath, sdManagerIface)
 	if err != nil {
 		t.Fatalf("fake systemd: export manager: %v", err)
@@ -219,6 +227,67 @@ func waitSeen(t testing.TB, seen func() int, want int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// noJob is Unit.Job when no job is queued: (0, "/").
+var noJob = jobRef{0, "/"}
+
+// jobRef is the (uo) struct of Unit.Job.
+type jobRef struct {
+	ID   uint32
+	Path godbus.ObjectPath
+}
+
+func (f *fakeSystemd) listJobs() ([][]any, *godbus.Error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([][]any{}, f.jobs...), nil
+}
+
+// stop imitates systemctl stop: a stop job is queued (JobNew, the unit's Job), the unit is
+// taken out of the active state, its process exits after (a kubelet exits 0 on SIGTERM),
+// and the job is removed. noticed, when set, is waited on after JobNew, the way a real stop
+// job lasts until the kubelet has shut down. The Result stays what it was: systemd keeps the
+// crash's result when a unit waiting to be restarted is stopped.
+func (f *fakeSystemd) stop(t testing.TB, noticed func()) {
+	t.Helper()
+	f.mu.Lock()
+	f.jobID++
+	id := f.jobID
+	job := godbus.ObjectPath(fmt.Sprintf("/org/freedesktop/systemd1/job/%d", id))
+	f.jobs = append(f.jobs, []any{id, "kubelet.service", "stop", "running", job, kubeletPath})
+	f.mu.Unlock()
+	f.props.SetMust(sdUnitIface, "Job", jobRef{id, job})
+	if err := f.conn.Emit(sdManagerPath, sdManagerIface+".JobNew", id, job, "kubelet.service"); err != nil {
+		t.Fatal(err)
+	}
+	if noticed != nil {
+		noticed()
+	}
+	active, _ := f.props.Get(sdUnitIface, "ActiveState")
+	if active.Value() == "active" {
+		f.props.SetMust(sdUnitIface, "ActiveExitTimestamp", uint64(1_700_000_000_500_000))
+		f.props.SetMust(sdServiceIface, "ExecMainExitTimestamp", uint64(1_700_000_000_600_000))
+		f.props.SetMust(sdServiceIface, "ExecMainCode", int32(1))
+	}
+	f.props.SetMust(sdServiceIface, "MainPID", uint32(0))
+	f.props.SetMust(sdUnitIface, "ActiveState", "inactive")
+	f.props.SetMust(sdUnitIface, "SubState", "dead")
+	f.mu.Lock()
+	f.jobs = nil
+	f.mu.Unlock()
+	f.props.SetMust(sdUnitIface, "Job", noJob)
+	_ = f.conn.Emit(sdManagerPath, sdManagerIface+".JobRemoved", id, job, "kubelet.service", "done")
+}
+
+// exitOnItsOwn imitates a kubelet whose process exits with status 0 under Restart=on-failure:
+// the process exits first, then the unit leaves the active state, and nothing restarts it.
+func (f *fakeSystemd) exitOnItsOwn() {
+	f.props.SetMust(sdServiceIface, "ExecMainExitTimestamp", uint64(1_700_000_000_500_000))
+	f.props.SetMust(sdServiceIface, "ExecMainCode", int32(1))
+	f.props.SetMust(sdServiceIface, "MainPID", uint32(0))
+	f.props.SetMust(sdUnitIface, "ActiveExitTimestamp", uint64(1_700_000_000_500_100))
+	f.set("inactive", "dead", "success", 0)
 }
 
 func (f *fakeSystemd) subscribe() *godbus.Error {
@@ -329,7 +398,7 @@ func TestDBusCollector(t *testing.T) {
 			message: "kubelet was killed by the kernel OOM killer: kubelet.service failed/failed (NRestarts=3, Result=oom-kill)",
 		},
 		{
-			name: "stopped", advance: 15 * time.Minute, set: func() { sd.set("inactive", "dead", "success", 0) },
+			name: "stopped", advance: 15 * time.Minute, set: func() { sd.set("active", "running", "success", 0); sd.stop(t, nil) },
 			status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
 		},
 	}
@@ -582,5 +651,88 @@ func TestDBusSignalsBetweenChecks(t *testing.T) {
 				t.Errorf("message %q should say NRestarts is unavailable rather than print 0", res.Message)
 			}
 		})
+	}
+}
+
+// TestDBusStopJob: over a real dbus-daemon, an operator's stop is told from a kubelet that
+// exited on its own. (1) Stopped while systemd waits to restart a crashed kubelet, between two
+// checks: the run was ended by the crash, so only the stop job, seen through the JobNew
+// subscription, shows it was stopped on purpose; it is reported and the repairer leaves it.
+// (2) An agent that starts after a systemctl stop reads it from systemd's timestamps. (3) A
+// kubelet that exits 0 on its own is not an operator stop, and the repairer restarts it.
+func TestDBusStopJob(t *testing.T) {
+	addr := startBus(t, filepath.Join(socketDir(t), "bus.sock"))
+	sd := startFakeSystemd(t, addr)
+	clock := newFakeClock()
+	refused := healthzClient(0, "", errConnRefused)
+	c, seen := countingCollector(t, Config{DBusAddress: addr, HTTPClient: refused, Now: clock.Now, Timeout: 5 * time.Second})
+	r := newTestRepairer(t, RepairConfig{DBusAddress: addr, Now: clock.Now}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	c.Check(ctx) // connects and subscribes
+	sd.waitSubscribed(t)
+	// (1) The kubelet crashes, and the operator stops it before systemd restarts it.
+	before := seen()
+	sd.props.SetMust(sdServiceIface, "ExecMainExitTimestamp", uint64(1_700_000_000_100_000))
+	sd.props.SetMust(sdUnitIface, "ActiveExitTimestamp", uint64(1_700_000_000_100_100))
+	sd.set("activating", "auto-restart", "exit-code", 1)
+	// Six property changes, six signals: all folded in, so no late read of them can see the
+	// stop job below, and only the JobNew subscription can.
+	waitSeen(t, seen, before+6)
+	sd.stop(t, func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			c.mu.Lock()
+			at := c.stopJobAt
+			c.mu.Unlock()
+			if !at.IsZero() {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the collector never noticed the stop job")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	clock.Step(10 * time.Second)
+	res := c.Check(ctx)
+	if res.Reason != ReasonKubeletStoppedByOperator || !strings.Contains(res.Message, "a stop job for kubelet.service was seen at") {
+		t.Fatalf("stopped during auto-restart: %s %q, want %s from the stop job", res.Reason, res.Message, ReasonKubeletStoppedByOperator)
+	}
+	if got, err := r.Repair(ctx, res); err != nil || got.Attempted {
+		t.Fatalf("repair of an operator stop: %+v, %v", got, err)
+	}
+
+	// (2) Started again; stopped while no agent watches; a new agent reads the timestamps.
+	sd.props.SetMust(sdServiceIface, "ExecMainStartTimestamp", uint64(1_700_000_000_200_000))
+	sd.props.SetMust(sdServiceIface, "ExecMainExitTimestamp", uint64(0))
+	sd.set("active", "running", "success", 0)
+	sd.stop(t, nil)
+	late := newTestCollector(t, Config{DBusAddress: addr, HTTPClient: refused, Now: clock.Now, Timeout: 5 * time.Second}, nil)
+	res = late.Check(ctx)
+	if res.Reason != ReasonKubeletStoppedByOperator || !strings.Contains(res.Message, "before its process exited") {
+		t.Fatalf("agent started after systemctl stop: %s %q, want %s from the timestamps", res.Reason, res.Message, ReasonKubeletStoppedByOperator)
+	}
+	if got, err := r.Repair(ctx, inactiveResult); err != nil || got.Attempted || got.Reason != RepairOperatorStopped {
+		t.Fatalf("repair handed a stale result for a stopped unit: %+v, %v; want OperatorStopped", got, err)
+	}
+
+	// (3) Started again, then the kubelet exits 0 by itself.
+	sd.props.SetMust(sdServiceIface, "ExecMainStartTimestamp", uint64(1_700_000_000_300_000))
+	sd.props.SetMust(sdServiceIface, "ExecMainExitTimestamp", uint64(0))
+	sd.set("active", "running", "success", 0)
+	clock.Step(10 * time.Second)
+	if res := c.Check(ctx); res.Reason == ReasonKubeletStoppedByOperator {
+		t.Fatalf("running again: %s %q", res.Reason, res.Message)
+	}
+	sd.exitOnItsOwn()
+	clock.Step(10 * time.Second)
+	res = c.Check(ctx)
+	if res.Reason != ReasonKubeletUnitInactive || !strings.Contains(res.Message, "exited on its own (exit status 0)") {
+		t.Fatalf("exited on its own: %s %q, want %s", res.Reason, res.Message, ReasonKubeletUnitInactive)
+	}
+	if got, err := r.Repair(ctx, res); err != nil || got.Reason != RepairRestarted {
+		t.Fatalf("repair of a kubelet that exited on its own: %+v, %v; want Restarted", got, err)
 	}
 }

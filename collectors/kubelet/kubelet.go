@@ -48,8 +48,11 @@ const (
 	// host's process table (<HostRoot>/proc with the host's PIDs) has no kubelet: it is not
 	// running, e.g. it exits at once on a malformed flag.
 	ReasonKubeletNotRunning = "KubeletNotRunning"
-	// ReasonKubeletStoppedByOperator: the unit is inactive with a clean result, i.e. it was
-	// stopped on purpose (systemctl stop). Unhealthy, but never restarted by the repairer.
+	// ReasonKubeletStoppedByOperator: the unit is inactive (or being stopped) and a stop job
+	// ended its run: seen live (JobNew / the unit's Job is a stop job), or, when the agent
+	// was not watching, from systemd's timestamps (stoppedByJob). Unhealthy, but never
+	// restarted by the repairer. A kubelet that exited on its own with a clean result, or
+	// that was never started since boot, is KubeletUnitInactive instead.
 	ReasonKubeletStoppedByOperator = "KubeletStoppedByOperator"
 )
 
@@ -135,6 +138,9 @@ type Collector struct {
 	restarts uint64
 	// disrupted is the latest time the unit was seen down or restarting, by any observation.
 	disrupted time.Time
+	// stopJobAt is when a stop job for the unit was last seen (D-Bus JobNew or the unit's Job
+	// property); zero once the unit is seen active again with no job queued.
+	stopJobAt time.Time
 	// hzFailures counts consecutive failed /healthz probes.
 	hzFailures int
 	// lookupProcess finds the kubelet process (lookupKubelet over <HostRoot>/proc).
@@ -269,6 +275,15 @@ func (c *Collector) noteUnit(now time.Time, st unitState) {
 		}
 	}
 	c.prev, c.havePrev = st, true
+	switch {
+	case st.JobType == "stop":
+		if c.stopJobAt.IsZero() {
+			c.stopJobAt = now
+		}
+	case st.JobType != "", unitActive(st) && st.JobID == 0:
+		// Started again, or another job (start, restart) replaced the stop.
+		c.stopJobAt = time.Time{}
+	}
 	if st.Result == "oom-kill" {
 		c.lastOOM = now
 	}
@@ -394,9 +409,16 @@ func (c *Collector) restartsInWindow(now time.Time) (delta uint64, since time.Ti
 //
 //  1. Result=oom-kill while the unit is not active: KubeletOOMKilled (systemd resets Result
 //     when the unit starts again, so this is the kill that just happened).
-//  2. failed: KubeletUnitFailed; inactive with Result=success (stopped on purpose, e.g.
-//     systemctl stop): KubeletStoppedByOperator; other inactive or deactivating:
-//     KubeletUnitInactive.
+//  0. Inactive, deactivating or failed (a kubelet killed at TimeoutStopSec) and a stop job
+//     ended the run: KubeletStoppedByOperator. The stop job is seen live (a JobNew signal or
+//     the unit's Job property with type "stop", remembered until the unit is active again
+//     with no job or another job replaces it), or, when the agent was not
+//     watching (it started after the stop), read from systemd's timestamps: the unit left
+//     the active state before its process exited (stoppedByJob). Whatever the last Result:
+//     an operator who stops a crash-looping kubelet to debug it must not see it restarted.
+//  2. failed: KubeletUnitFailed; inactive and never started since boot, or inactive after
+//     its process exited on its own (even with Result=success): KubeletUnitInactive, which
+//     local repair may restart; other inactive or deactivating: KubeletUnitInactive.
 //  3. The restart count grew by RestartLoopThreshold or more within RestartLoopWindow:
 //     KubeletRestartLoop (this is also how "activating in a loop" shows up). Restarts are
 //     counted from NRestarts or, without it, from MainPID/ExecMainStartTimestamp changes, in
@@ -516,18 +538,31 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 		unit += fmt.Sprintf(" (no NRestarts on this systemd; %d restart(s) counted from MainPID/start-time changes)", c.restarts)
 	}
 	loop := int64(delta) >= int64(c.cfg.RestartLoopThreshold)
+	stopJobAt := c.stopJobAt
 	res.Status = collectors.StatusUnhealthy
 	switch {
+	case !active && st.ActiveState != "activating" && (!stopJobAt.IsZero() || stoppedByJob(st)):
+		res.Reason = ReasonKubeletStoppedByOperator
+		how := "systemd took the unit out of service before its process exited, i.e. a stop job such as systemctl stop"
+		if !stopJobAt.IsZero() {
+			how = "a stop job for " + c.cfg.Unit + " was seen at " + stopJobAt.UTC().Format(time.RFC3339)
+		}
+		res.Message = fmt.Sprintf("kubelet unit was stopped on purpose (%s) and is left stopped: %s; %s; start it with systemctl start %s",
+			how, unit, hz.describe(), c.cfg.Unit)
 	case st.Result == "oom-kill" && !active:
 		res.Reason = ReasonKubeletOOMKilled
 		res.Message = fmt.Sprintf("kubelet was killed by the kernel OOM killer: %s; %s", unit, hz.describe())
 	case st.ActiveState == "failed":
 		res.Reason = ReasonKubeletUnitFailed
 		res.Message = fmt.Sprintf("kubelet unit failed: %s; %s", unit, hz.describe())
+	case st.ActiveState == "inactive" && (st.Result == "success" || st.Result == "") && neverStarted(st):
+		res.Reason = ReasonKubeletUnitInactive
+		res.Message = fmt.Sprintf("kubelet unit has not been started since boot (systemd records no start and no stop of it): %s; %s; "+
+			"the node bootstrap starts it (systemctl start %s)", unit, hz.describe(), c.cfg.Unit)
 	case st.ActiveState == "inactive" && (st.Result == "success" || st.Result == ""):
-		res.Reason = ReasonKubeletStoppedByOperator
-		res.Message = fmt.Sprintf("kubelet unit was stopped on purpose (inactive with a clean result) and is left stopped: %s; %s; start it with systemctl start %s",
-			unit, hz.describe(), c.cfg.Unit)
+		res.Reason = ReasonKubeletUnitInactive
+		res.Message = fmt.Sprintf("kubelet exited on its own (%s) and systemd did not restart it; no stop job ended it, so it was not stopped on purpose: %s; %s",
+			describeExit(st), unit, hz.describe())
 	case st.ActiveState == "inactive" || st.ActiveState == "deactivating":
 		res.Reason = ReasonKubeletUnitInactive
 		res.Message = fmt.Sprintf("kubelet unit is not running: %s; %s", unit, hz.describe())
@@ -552,6 +587,17 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 	}
 	res.Disrupted = c.disrupted
 	return res
+}
+
+// describeExit says how the unit's last main process ended, from ExecMainCode/Status.
+func describeExit(st unitState) string {
+	switch st.MainCode {
+	case 1: // CLD_EXITED
+		return fmt.Sprintf("exit status %d", st.MainStatus)
+	case 2, 3: // CLD_KILLED, CLD_DUMPED
+		return fmt.Sprintf("killed by signal %d", st.MainStatus)
+	}
+	return "clean result"
 }
 
 // roundDuration keeps messages readable: whole seconds above a second, milliseconds above a

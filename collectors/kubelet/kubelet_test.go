@@ -19,7 +19,14 @@ import (
 
 var (
 	activeUnit = unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "active", SubState: "running", Result: "success"}
-	errNoBus   = classifyBusError(&syscallErr{syscall.ENOENT})
+	// stoppedUnit was stopped by a stop job: out of the active state at 200, its process (a
+	// kubelet exits 0 on SIGTERM) gone at 250.
+	stoppedUnit = unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success",
+		MainStart: 100, ActiveExit: 200, MainExit: 250, MainCode: 1}
+	// exitedUnit's process exited on its own at 200 and the unit left the active state after.
+	exitedUnit = unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success",
+		MainStart: 100, ActiveExit: 201, MainExit: 200, MainCode: 1}
+	errNoBus = classifyBusError(&syscallErr{syscall.ENOENT})
 )
 
 // syscallErr mimics the *net.OpError chain of a dial to a missing socket.
@@ -72,9 +79,43 @@ func TestCheckVerdict(t *testing.T) {
 			message: []string{"kubelet unit is not running: kubelet.service inactive/dead"},
 		},
 		{
-			name: "stopped on purpose", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success"},
+			// systemctl stop before the agent was watching: the unit left the active state
+			// (ActiveExit) before its process exited (MainExit), which only a stop job does.
+			name: "stopped on purpose, seen after the fact", unit: stoppedUnit,
 			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
-			message: []string{"stopped on purpose", "start it with systemctl start kubelet.service"},
+			message: []string{"stopped on purpose (systemd took the unit out of service before its process exited", "start it with systemctl start kubelet.service"},
+		},
+		{
+			name: "being stopped by a stop job", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "deactivating", SubState: "stop-sigterm",
+				Result: "success", MainStart: 100, ActiveExit: 200, JobID: 7, JobType: "stop"},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
+			message: []string{"a stop job for kubelet.service was seen at "},
+		},
+		{
+			// Restart=on-failure and the kubelet exited 0 by itself: inactive with a clean
+			// result, but no stop job ended it.
+			name: "exited on its own with a clean result", unit: exitedUnit,
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+			message: []string{"kubelet exited on its own (exit status 0) and systemd did not restart it; no stop job ended it, so it was not stopped on purpose"},
+		},
+		{
+			// systemctl stop of a kubelet that ignored SIGTERM: killed at TimeoutStopSec.
+			name: "stopped on purpose, killed at the stop timeout", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "failed", SubState: "failed",
+				Result: "timeout", MainStart: 100, ActiveExit: 200, MainExit: 90_200, MainCode: 2, MainStatus: 9},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
+		},
+		{
+			name: "never started since boot", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success"},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+			message: []string{"kubelet unit has not been started since boot"},
+		},
+		{
+			// Stopped long ago (ActiveExit 200), started again, and this run exited before
+			// it ever became active: the old ActiveExit must not make it look stopped.
+			name: "later run ended before becoming active", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead",
+				Result: "success", MainStart: 300, ActiveExit: 200, MainExit: 301, MainCode: 1},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+			message: []string{"exited on its own (exit status 0)"},
 		},
 		{
 			name: "systemd 219 without NRestarts", unit: unitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Result: "success", MainPID: 42, MainStart: 1},
@@ -521,6 +562,46 @@ func TestRestartsWithoutNRestarts(t *testing.T) {
 	res := run(232, 4)
 	if res.Reason != ReasonKubeletRestartLoop || !strings.Contains(res.Message, "NRestarts=n/a") {
 		t.Fatalf("three restarts from MainPID changes: %s %q, want %s", res.Reason, res.Message, ReasonKubeletRestartLoop)
+	}
+}
+
+// TestStopJobSeenLive: an operator stops a crash-looping kubelet while systemd waits to
+// restart it. The run was ended by the crash (its process exited first), so the timestamps
+// alone say "exited on its own"; the stop job the collector saw says "stopped on purpose",
+// and that wins until the unit is seen active again. A later exit of its own is then not
+// mistaken for an operator stop.
+func TestStopJobSeenLive(t *testing.T) {
+	clock := newFakeClock()
+	units := &fakeUnits{}
+	c := newTestCollector(t, Config{Now: clock.Now, HTTPClient: healthzClient(0, "", errConnRefused)}, units)
+	steps := []struct {
+		name   string
+		unit   unitState
+		reason string
+	}{
+		{"crashed, waiting to restart", unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "activating", SubState: "auto-restart",
+			Result: "exit-code", MainStart: 100, MainExit: 200, ActiveExit: 201, MainCode: 1, MainStatus: 1}, ReasonKubeletHealthzFailed},
+		{"operator's stop job queued", unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "deactivating", SubState: "stop",
+			Result: "exit-code", MainStart: 100, MainExit: 200, ActiveExit: 201, JobID: 9, JobType: "stop"}, ReasonKubeletStoppedByOperator},
+		{"stopped", unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead",
+			Result: "exit-code", MainStart: 100, MainExit: 200, ActiveExit: 201, MainCode: 1, MainStatus: 1}, ReasonKubeletStoppedByOperator},
+		{"operator's start job queued", unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead",
+			Result: "exit-code", MainStart: 100, MainExit: 200, ActiveExit: 201, JobID: 10, JobType: "start"}, ReasonKubeletUnitInactive},
+		{"started again by the operator", unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "active", SubState: "running",
+			Result: "success", MainStart: 300, ActiveExit: 201}, ReasonKubeletHealthzFailed},
+		{"exited on its own", unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead",
+			Result: "success", MainStart: 300, MainExit: 400, ActiveExit: 401, MainCode: 1}, ReasonKubeletUnitInactive},
+	}
+	for _, s := range steps {
+		clock.Step(10 * time.Second)
+		units.set(s.unit, nil)
+		res := c.Check(context.Background())
+		if res.Reason != s.reason {
+			t.Fatalf("%s: %s %q, want %s", s.name, res.Reason, res.Message, s.reason)
+		}
+		if s.reason == ReasonKubeletStoppedByOperator && !strings.Contains(res.Message, "a stop job for kubelet.service was seen at") {
+			t.Errorf("%s: message %q does not say how the stop was seen", s.name, res.Message)
+		}
 	}
 }
 

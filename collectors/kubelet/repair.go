@@ -24,8 +24,8 @@ const (
 	RepairNotNeeded = "NotNeeded"
 	// RepairRestartFailed: the restart could not be issued or its job did not finish "done".
 	RepairRestartFailed = "RestartFailed"
-	// RepairOperatorStopped: the unit is inactive with a clean result, i.e. stopped on
-	// purpose; it is reported, never restarted.
+	// RepairOperatorStopped: a stop job ended the unit's run (systemctl stop), i.e. it was
+	// stopped on purpose; it is reported, never restarted.
 	RepairOperatorStopped = "OperatorStopped"
 )
 
@@ -220,12 +220,14 @@ func (r *Repairer) Repair(ctx context.Context, res collectors.Result) (RepairAtt
 		return RepairAttempt{Reason: RepairRestartFailed, Attempt: r.consecutive, NextAllowed: nextAllowed},
 			fmt.Errorf("kubelet repair: read unit %s state: %w", r.cfg.Unit, err)
 	}
-	if st.LoadState == "not-found" || (st.ActiveState != "failed" && st.ActiveState != "inactive") {
-		return RepairAttempt{Reason: RepairNotNeeded, Attempt: r.consecutive, NextAllowed: nextAllowed}, nil
-	}
-	if st.ActiveState == "inactive" && (st.Result == "success" || st.Result == "") {
-		// Stopped by an operator (systemctl stop): restarting it would undo their decision.
+	if st.JobType == "stop" || ((st.ActiveState == "inactive" || st.ActiveState == "failed") && stoppedByJob(st)) {
+		// Stopped on purpose (systemctl stop), seen in the live state: restarting it would
+		// undo the operator's decision.
 		return RepairAttempt{Reason: RepairOperatorStopped, Attempt: r.consecutive, NextAllowed: nextAllowed}, nil
+	}
+	if st.LoadState == "not-found" || st.JobID != 0 || (st.ActiveState != "failed" && st.ActiveState != "inactive") {
+		// Running, unknown, or systemd already has a job queued for it (a start or restart).
+		return RepairAttempt{Reason: RepairNotNeeded, Attempt: r.consecutive, NextAllowed: nextAllowed}, nil
 	}
 
 	// Record before acting: a restart that fails or hangs still counts towards backoff and cap.

@@ -197,19 +197,50 @@ func TestNewRepairerConfig(t *testing.T) {
 	}
 }
 
-// TestRepairLeavesOperatorStopAlone: a unit an operator stopped (inactive, clean result) is
-// never restarted, whatever the result handed in says.
+// TestRepairLeavesOperatorStopAlone: a unit a stop job ended (systemctl stop: out of the
+// active state before its process exited) or that is being stopped is never restarted,
+// whatever the result handed in says.
 func TestRepairLeavesOperatorStopAlone(t *testing.T) {
-	units := &fakeUnits{}
-	units.set(unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead", Result: "success"}, nil)
-	r := newTestRepairer(t, RepairConfig{}, units)
-	for _, res := range []collectors.Result{inactiveResult, {Check: "kubelet", Status: collectors.StatusUnhealthy, Reason: ReasonKubeletStoppedByOperator}} {
-		got, err := r.Repair(context.Background(), res)
-		if err != nil || got.Attempted || (got.Reason != RepairOperatorStopped && got.Reason != RepairNotNeeded) {
-			t.Fatalf("Repair(%s) = %+v, %v; want no restart", res.Reason, got, err)
+	for _, st := range []unitState{
+		stoppedUnit,
+		{LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Result: "exit-code", JobID: 3, JobType: "stop"},
+	} {
+		units := &fakeUnits{}
+		units.set(st, nil)
+		r := newTestRepairer(t, RepairConfig{}, units)
+		for _, res := range []collectors.Result{inactiveResult, {Check: "kubelet", Status: collectors.StatusUnhealthy, Reason: ReasonKubeletStoppedByOperator}} {
+			got, err := r.Repair(context.Background(), res)
+			if err != nil || got.Attempted || (got.Reason != RepairOperatorStopped && got.Reason != RepairNotNeeded) {
+				t.Fatalf("Repair(%s) of %+v = %+v, %v; want no restart", res.Reason, st, got, err)
+			}
+		}
+		if restarts, _ := units.counts(); restarts != 0 {
+			t.Fatalf("%d restarts of an operator-stopped unit %+v", restarts, st)
 		}
 	}
-	if restarts, _ := units.counts(); restarts != 0 {
-		t.Fatalf("%d restarts of an operator-stopped unit", restarts)
+}
+
+// TestRepairRestartsWhatNoOneStopped: an inactive unit with a clean result that no stop job
+// ended (its process exited on its own, or it never started since boot) is restarted; one
+// with a job already queued (systemd is starting it) is left to systemd.
+func TestRepairRestartsWhatNoOneStopped(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		st   unitState
+		want string
+	}{
+		{"exited on its own", exitedUnit, RepairRestarted},
+		{"never started", unitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Result: "success"}, RepairRestarted},
+		{"start job queued", unitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead", Result: "success", JobID: 4, JobType: "start"}, RepairNotNeeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			units := &fakeUnits{}
+			units.set(tc.st, nil)
+			r := newTestRepairer(t, RepairConfig{}, units)
+			got, err := r.Repair(context.Background(), inactiveResult)
+			if err != nil || got.Reason != tc.want {
+				t.Fatalf("Repair = %+v, %v; want %s", got, err, tc.want)
+			}
+		})
 	}
 }

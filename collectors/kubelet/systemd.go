@@ -40,7 +40,39 @@ type unitState struct {
 	// no NRestarts property; restarts are then counted from MainPID and MainStart changes.
 	HasNRestarts bool
 	MainPID      uint32 // the service's main process, 0 when none
-	MainStart    uint64 // ExecMainStartTimestamp, µs since the epoch; changes on every start
+	MainStart    uint64 // ExecMainStartTimestamp, µs since the epoch; changes on every start; 0 if never started since boot
+	// MainExit is ExecMainExitTimestamp (µs since the epoch, 0 while the process runs or if it
+	// never ran) and ActiveExit is ActiveExitTimestamp: when the unit last left the active
+	// state. Their order tells who ended the last run (see stoppedByJob).
+	MainExit   uint64
+	ActiveExit uint64
+	// MainCode and MainStatus are ExecMainCode (1 exited, 2 killed, 3 dumped core) and
+	// ExecMainStatus (the exit status or the signal) of the last main process.
+	MainCode   int32
+	MainStatus int32
+	// JobID is the job systemd has queued or running for the unit (Unit.Job; 0 for none) and
+	// JobType its type ("stop", "start", "restart", ...), from Manager.ListJobs; "" when the
+	// job was gone before it could be listed.
+	JobID   uint32
+	JobType string
+}
+
+// stoppedByJob reports whether systemd's own timestamps show that the unit's last run was
+// ended by a stop job (systemctl stop, or a stop propagated from a unit it requires) rather
+// than by its process exiting on its own: a stop job first takes the unit out of the active
+// state (ActiveExitTimestamp) and then signals the process, which exits after
+// (ExecMainExitTimestamp later); a process that exits on its own exits first and the unit
+// leaves the active state after. The process must have been started before the unit left
+// the active state, so a later run that failed before becoming active is not mistaken for
+// the stopped one. This is what the agent can still see when it starts after the stop.
+func stoppedByJob(st unitState) bool {
+	return st.ActiveExit != 0 && st.MainStart != 0 && st.MainStart <= st.ActiveExit && st.MainExit > st.ActiveExit
+}
+
+// neverStarted reports whether systemd has no record of the unit's process having been
+// started since boot.
+func neverStarted(st unitState) bool {
+	return st.MainStart == 0 && st.ActiveExit == 0
 }
 
 // busError says why systemd could not be asked. Kind is a short human phrase used in
@@ -304,19 +336,27 @@ func (s *systemdUnit) follow(conn *sddbus.Conn) {
 		return
 	}
 	defer raw.Close()
+	// Listen before matching and subscribing, so no signal sent in between is dropped.
+	signals := make(chan *godbus.Signal, 64)
+	raw.Signal(signals)
 	path := godbus.ObjectPath("/org/freedesktop/systemd1/unit/" + sddbus.PathBusEscape(s.unit))
 	if err := raw.AddMatchSignal(godbus.WithMatchObjectPath(path), godbus.WithMatchInterface("org.freedesktop.DBus.Properties"),
 		godbus.WithMatchMember("PropertiesChanged")); err != nil {
 		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", err)
 		return
 	}
+	// JobNew names the unit a job was queued for: a stop job for the kubelet is how an
+	// operator's systemctl stop is told from a kubelet that exited on its own.
+	if err := raw.AddMatchSignal(godbus.WithMatchObjectPath(managerPath), godbus.WithMatchInterface(managerIface),
+		godbus.WithMatchMember("JobNew")); err != nil {
+		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", err)
+		return
+	}
 	// systemd emits unit signals only while some client is subscribed.
-	if call := raw.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").Call("org.freedesktop.systemd1.Manager.Subscribe", 0); call.Err != nil {
+	if call := raw.Object("org.freedesktop.systemd1", managerPath).Call(managerIface+".Subscribe", 0); call.Err != nil {
 		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", call.Err)
 		return
 	}
-	signals := make(chan *godbus.Signal, 64)
-	raw.Signal(signals)
 	alive := time.NewTicker(30 * time.Second)
 	defer alive.Stop()
 	for {
@@ -331,7 +371,7 @@ func (s *systemdUnit) follow(conn *sddbus.Conn) {
 			if !ok {
 				return
 			}
-			if sig.Path != path {
+			if !s.concerns(sig, path) {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(s.bus.lifetime, signalReadTimeout)
@@ -342,6 +382,25 @@ func (s *systemdUnit) follow(conn *sddbus.Conn) {
 			}
 		}
 	}
+}
+
+// systemd's manager object, which emits the job signals.
+const (
+	managerPath  = godbus.ObjectPath("/org/freedesktop/systemd1")
+	managerIface = "org.freedesktop.systemd1.Manager"
+)
+
+// concerns reports whether a signal is about the unit: a change of its properties, or a job
+// queued for it (JobNew's third argument is the unit's name).
+func (s *systemdUnit) concerns(sig *godbus.Signal, path godbus.ObjectPath) bool {
+	if sig.Path == path {
+		return true
+	}
+	if sig.Path == managerPath && sig.Name == managerIface+".JobNew" && len(sig.Body) == 3 {
+		unit, _ := sig.Body[2].(string)
+		return unit == s.unit
+	}
+	return false
 }
 
 // readUnit fetches the Unit and Service properties of the unit (two GetAll calls), and
@@ -365,6 +424,8 @@ func (s *systemdUnit) readWith(ctx context.Context, conn *sddbus.Conn) (unitStat
 		LoadState:   stringProp(u, "LoadState"),
 		ActiveState: stringProp(u, "ActiveState"),
 		SubState:    stringProp(u, "SubState"),
+		ActiveExit:  uint64Prop(u, "ActiveExitTimestamp"),
+		JobID:       jobID(u["Job"]),
 	}
 	if st.LoadState == "not-found" {
 		return st, nil
@@ -379,8 +440,45 @@ func (s *systemdUnit) readWith(ctx context.Context, conn *sddbus.Conn) (unitStat
 		st.NRestarts, st.HasNRestarts = n, true
 	}
 	st.MainPID, _ = svc["MainPID"].(uint32)
-	st.MainStart, _ = svc["ExecMainStartTimestamp"].(uint64)
+	st.MainStart = uint64Prop(svc, "ExecMainStartTimestamp")
+	st.MainExit = uint64Prop(svc, "ExecMainExitTimestamp")
+	st.MainCode, _ = svc["ExecMainCode"].(int32)
+	st.MainStatus, _ = svc["ExecMainStatus"].(int32)
+	if st.JobID != 0 {
+		// Rare (a job is queued or running for the kubelet) and cheap: one call for its type.
+		jobs, err := conn.ListJobsContext(ctx)
+		if err != nil {
+			s.bus.drop(conn)
+			return unitState{}, &busError{Kind: kindQueryFailed, Err: fmt.Errorf("list systemd jobs for %s: %w", s.unit, err)}
+		}
+		for _, j := range jobs {
+			if j.Id == st.JobID {
+				st.JobType = j.JobType
+			}
+		}
+	}
 	return st, nil
+}
+
+// jobID is the id of a Unit.Job property, a (uo) struct: (0, "/") when no job is queued.
+func jobID(v any) uint32 {
+	switch j := v.(type) {
+	case []any:
+		if len(j) == 2 {
+			id, _ := j[0].(uint32)
+			return id
+		}
+	case []uint32:
+		if len(j) > 0 {
+			return j[0]
+		}
+	}
+	return 0
+}
+
+func uint64Prop(m map[string]any, name string) uint64 {
+	v, _ := m[name].(uint64)
+	return v
 }
 
 // restartUnit clears a failed state (so a unit that hit its start limit can start again)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -42,7 +43,36 @@ type standInSystemd struct {
 	n     uint32
 	pid   uint32
 	calls []string
+	jobs  [][]any // ListJobs rows of the queued jobs
+	// subscribed counts Manager.Subscribe calls: the agent follows the unit's signals.
+	subscribed int
 }
+
+// waitSubscribed polls until the agent has subscribed to systemd's signals.
+func (s *standInSystemd) waitSubscribed(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s.mu.Lock()
+		n := s.subscribed
+		s.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never subscribed to systemd's signals")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// jobRef is the (uo) struct of Unit.Job; noJob is its value when no job is queued.
+type jobRef struct {
+	ID   uint32
+	Path godbus.ObjectPath
+}
+
+var noJob = jobRef{0, "/"}
 
 func startSystemdBus(t *testing.T, hostRoot string) *standInSystemd {
 	t.Helper()
@@ -83,10 +113,12 @@ func startSystemdBus(t *testing.T, hostRoot string) *standInSystemd {
 		"org.freedesktop.systemd1.Unit": {
 			"Id": {Value: "kubelet.service"}, "LoadState": {Value: "loaded"},
 			"ActiveState": emit("active"), "SubState": emit("running"),
+			"ActiveExitTimestamp": emit(uint64(0)), "Job": {Value: noJob},
 		},
 		"org.freedesktop.systemd1.Service": {
 			"Result": emit("success"), "NRestarts": emit(uint32(0)), "MainPID": emit(uint32(1000)),
 			"ExecMainStartTimestamp": emit(uint64(1_700_000_000_000_000)),
+			"ExecMainExitTimestamp":  emit(uint64(0)), "ExecMainCode": emit(int32(0)), "ExecMainStatus": emit(int32(0)),
 		},
 	})
 	if err != nil {
@@ -94,13 +126,18 @@ func startSystemdBus(t *testing.T, hostRoot string) *standInSystemd {
 	}
 	record := func(name string) { s.mu.Lock(); s.calls = append(s.calls, name); s.mu.Unlock() }
 	err = conn.ExportMethodTable(map[string]any{
-		"Subscribe": func() *godbus.Error { return nil },
+		"Subscribe": func() *godbus.Error { s.mu.Lock(); s.subscribed++; s.mu.Unlock(); return nil },
 		"GetUnit":   func(string) (godbus.ObjectPath, *godbus.Error) { return unitPath, nil },
 		"RestartUnit": func(name, mode string) (godbus.ObjectPath, *godbus.Error) {
 			record("RestartUnit " + name)
 			return "/org/freedesktop/systemd1/job/1", nil
 		},
 		"ResetFailedUnit": func(name string) *godbus.Error { record("ResetFailedUnit " + name); return nil },
+		"ListJobs": func() ([][]any, *godbus.Error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return append([][]any{}, s.jobs...), nil
+		},
 	}, "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +171,55 @@ func (s *standInSystemd) crash(result string) {
 	s.set("active", "running", "success")
 }
 
+// stop is systemctl stop as systemd performs it: a stop job is queued (JobNew), the unit
+// leaves the active state, then the kubelet exits 0 on SIGTERM, and the job is removed. The
+// job lasts as long as the kubelet takes to shut down (here 300 ms).
+func (s *standInSystemd) stop(t *testing.T, at uint64) {
+	t.Helper()
+	const job = godbus.ObjectPath("/org/freedesktop/systemd1/job/77")
+	s.mu.Lock()
+	s.jobs = [][]any{{uint32(77), "kubelet.service", "stop", "running", job, unitPath}}
+	s.mu.Unlock()
+	s.props.SetMust("org.freedesktop.systemd1.Unit", "Job", jobRef{77, job})
+	if err := s.conn.Emit("/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager.JobNew", uint32(77), job, "kubelet.service"); err != nil {
+		t.Fatal(err)
+	}
+	s.props.SetMust("org.freedesktop.systemd1.Unit", "ActiveExitTimestamp", at)
+	s.set("deactivating", "stop-sigterm", "success")
+	time.Sleep(300 * time.Millisecond)
+	s.props.SetMust("org.freedesktop.systemd1.Service", "ExecMainExitTimestamp", at+300_000)
+	s.props.SetMust("org.freedesktop.systemd1.Service", "ExecMainCode", int32(1))
+	s.props.SetMust("org.freedesktop.systemd1.Service", "MainPID", uint32(0))
+	s.set("inactive", "dead", "success")
+	s.mu.Lock()
+	s.jobs = nil
+	s.mu.Unlock()
+	s.props.SetMust("org.freedesktop.systemd1.Unit", "Job", noJob)
+	_ = s.conn.Emit("/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager.JobRemoved", uint32(77), job, "kubelet.service", "done")
+}
+
+// start is the unit running again with a new process started at the given time.
+func (s *standInSystemd) start(at uint64) {
+	s.mu.Lock()
+	s.pid++
+	pid := s.pid
+	s.mu.Unlock()
+	s.props.SetMust("org.freedesktop.systemd1.Service", "ExecMainStartTimestamp", at)
+	s.props.SetMust("org.freedesktop.systemd1.Service", "ExecMainExitTimestamp", uint64(0))
+	s.props.SetMust("org.freedesktop.systemd1.Service", "MainPID", pid)
+	s.set("active", "running", "success")
+}
+
+// exitOnItsOwn is a kubelet exiting 0 by itself under Restart=on-failure: the process exits
+// first, the unit leaves the active state after, no job is involved and nothing restarts it.
+func (s *standInSystemd) exitOnItsOwn(at uint64) {
+	s.props.SetMust("org.freedesktop.systemd1.Service", "ExecMainExitTimestamp", at)
+	s.props.SetMust("org.freedesktop.systemd1.Service", "ExecMainCode", int32(1))
+	s.props.SetMust("org.freedesktop.systemd1.Service", "MainPID", uint32(0))
+	s.props.SetMust("org.freedesktop.systemd1.Unit", "ActiveExitTimestamp", at+100)
+	s.set("inactive", "dead", "success")
+}
+
 func (s *standInSystemd) restarts() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -157,7 +243,7 @@ func TestKubeletSignalsEndToEnd(t *testing.T) {
 	n.extraArgs = []string{"--kubelet-repair=true"}
 	n.start()
 	n.waitFor("KubeletHealthy=True", 30*time.Second, hasStatus("KubeletHealthy", corev1.ConditionTrue))
-	time.Sleep(1500 * time.Millisecond) // the agent has connected and subscribed
+	sd.waitSubscribed(t)
 
 	sd.crash("oom-kill")
 	obj := n.waitFor("KubeletOOMKilled", 20*time.Second, hasReason("KubeletHealthy", "KubeletOOMKilled"))
@@ -175,13 +261,37 @@ func TestKubeletSignalsEndToEnd(t *testing.T) {
 		return c != nil && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "NRestarts=4")
 	})
 
-	sd.set("inactive", "dead", "success")
-	n.waitFor("KubeletStoppedByOperator", 20*time.Second, hasReason("KubeletHealthy", "KubeletStoppedByOperator"))
+	// systemctl stop: reported, and never restarted although repair is on.
+	sd.stop(t, 1_700_000_100_000_000)
+	obj = n.waitFor("KubeletStoppedByOperator", 20*time.Second, hasReason("KubeletHealthy", "KubeletStoppedByOperator"))
+	if c := condition(obj, "KubeletHealthy"); !strings.Contains(c.Message, "stop job for kubelet.service was seen") {
+		t.Errorf("the stop job was not seen live: %q", c.Message)
+	}
 	time.Sleep(3 * time.Second) // several cycles with repair on
 	for _, c := range sd.restarts() {
 		if strings.HasPrefix(c, "RestartUnit") {
 			t.Fatalf("the agent restarted a unit an operator stopped: %v", sd.restarts())
 		}
+	}
+
+	// Started again, then the kubelet exits 0 on its own: inactive with a clean result, but
+	// no stop job; not an operator stop, so local repair restarts it.
+	sd.start(1_700_000_200_000_000)
+	n.waitFor("KubeletHealthy again", 20*time.Second, func(obj *corev1.Node) bool {
+		c := condition(obj, "KubeletHealthy")
+		return c != nil && c.Reason != "KubeletStoppedByOperator"
+	})
+	sd.exitOnItsOwn(1_700_000_300_000_000)
+	obj = n.waitFor("KubeletUnitInactive", 20*time.Second, hasReason("KubeletHealthy", "KubeletUnitInactive"))
+	if c := condition(obj, "KubeletHealthy"); !strings.Contains(c.Message, "exited on its own") {
+		t.Errorf("message %q does not say the kubelet exited on its own", c.Message)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !slices.ContainsFunc(sd.restarts(), func(c string) bool { return strings.HasPrefix(c, "RestartUnit") }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a kubelet that exited on its own was not restarted: %v", sd.restarts())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

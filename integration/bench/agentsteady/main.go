@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
@@ -36,14 +37,15 @@ func main() {
 	warmup := flag.Duration("warmup", time.Minute, "time before measuring, for start-up allocations and the first reports")
 	sample := flag.Duration("sample", 5*time.Second, "RSS sampling interval")
 	baseline := flag.Duration("baseline", 2*time.Minute, "window before the agent starts, to measure the apiserver's own requests (its identity Lease) and subtract them")
+	imdsOn := flag.Bool("imds", true, "serve the agent an emulated instance metadata service (integration/ec2emu), so the AWS event watcher polls as on EC2; false leaves the default endpoint, unreachable off EC2")
 	flag.Parse()
-	if err := run(*duration, *warmup, *sample, *baseline); err != nil {
+	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample, baseline time.Duration) error {
+func run(duration, warmup, sample, baseline time.Duration, imdsOn bool) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -93,13 +95,26 @@ func run(duration, warmup, sample, baseline time.Duration) error {
 	if err != nil {
 		return err
 	}
-	// Default intervals: this measures what a real node would do.
-	agent, err := testbin.Start("nodevigil-agent", bin, []string{"run",
+	// Default intervals: this measures what a real node would do. The IMDS watcher is on by
+	// default; an emulated metadata service makes it poll (spot and rebalance every 2 s) as on
+	// EC2, where off EC2 it would only back off against an unreachable address.
+	args := []string{"run",
 		"--node-name", nodeName, "--namespace", ns, "--pod-name", "agent-bench",
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", filepath.Join(dir, "host"),
 		"--listen-address", metricsAddr, "--kubelet-healthz-url", healthz.URL + "/healthz",
 		"--log-level", "warn",
-	})
+	}
+	const instanceID = "i-0b0000000000000a1"
+	emu := ec2emu.New(ec2emu.Config{})
+	if imdsOn {
+		if err := emu.AddInstance(ec2emu.Instance{ID: instanceID}); err != nil {
+			return err
+		}
+		md := httptest.NewServer(emu.IMDSHandler(instanceID))
+		defer md.Close()
+		args = append(args, "--imds-endpoint", md.URL)
+	}
+	agent, err := testbin.Start("nodevigil-agent", bin, args)
 	if err != nil {
 		return err
 	}
@@ -122,6 +137,7 @@ func run(duration, warmup, sample, baseline time.Duration) error {
 	if err != nil {
 		return err
 	}
+	tokens0, reads0 := emu.IMDSCalls(instanceID)
 	start := time.Now()
 	var rss, anon, file []int64
 	for time.Since(start) < duration {
@@ -137,6 +153,7 @@ func run(duration, warmup, sample, baseline time.Duration) error {
 		return err
 	}
 	elapsed := time.Since(start)
+	tokens1, reads1 := emu.IMDSCalls(instanceID)
 	cpu1, err := cpuTicks(agent.Pid())
 	if err != nil {
 		return err
@@ -159,6 +176,11 @@ func run(duration, warmup, sample, baseline time.Duration) error {
 	fmt.Printf("| of which file-backed (binary pages) | %.1f MiB |\n", mib(file[len(file)/2]))
 	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
 	fmt.Printf("| Lease renewals (agent's own metric) | %.2f per minute |\n", (renew1-renew0)/minutes)
+	if imdsOn {
+		fmt.Printf("| IMDS (emulated) | %.1f metadata reads and %.2f token requests per minute |\n", float64(reads1-reads0)/minutes, float64(tokens1-tokens0)/minutes)
+	} else {
+		fmt.Printf("| IMDS | default endpoint, unreachable here (watcher backing off) |\n")
+	}
 	keys := make([]string, 0, len(after))
 	for k := range after {
 		keys = append(keys, k)
@@ -172,6 +194,7 @@ func run(duration, warmup, sample, baseline time.Duration) error {
 		}
 	}
 	fmt.Printf("| machine | %s/%s, %d CPUs, %s |\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
+	fmt.Printf("| load average (1/5/15 min) at the end | %s |\n", loadAvg())
 	return nil
 }
 
@@ -317,4 +340,17 @@ func writeHost(root string) error {
 		}
 	}
 	return nil
+}
+
+// loadAvg is /proc/loadavg's first three fields: the machine's load while the agent was measured.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }

@@ -164,6 +164,9 @@ type Config struct {
 	OneShot bool
 	// OOMKillWindow is how long kernel OOM kills stay named in the message (default 10m).
 	OOMKillWindow time.Duration
+	// KubeletUnit is the systemd unit of the kubelet (default kubelet.service), so an OOM
+	// kill in its cgroup is named as the kubelet's.
+	KubeletUnit string
 }
 
 // Collector is the memory check. It keeps the verdict between calls (that is what the
@@ -184,6 +187,7 @@ type Collector struct {
 	availExitBytes         uint64
 	oneShot                bool
 	oomWindow              time.Duration
+	kubeletUnit            string
 
 	mu      sync.Mutex
 	proc    procfs.FS
@@ -196,6 +200,8 @@ type Collector struct {
 	ooms     []oomObs
 	oomTotal atomic.Uint64
 	oomOK    atomic.Bool
+	// cgroups attributes kills to cgroups (not in one-shot mode: it needs a baseline).
+	cgroups cgroupOOMs
 }
 
 // oomObs is one change of the kernel's oom_kill counter.
@@ -203,6 +209,8 @@ type oomObs struct {
 	at    time.Time
 	n     uint64
 	delta uint64 // kills since the previous reading (0 for the first one)
+	// victims are the cgroups the kills happened in, when the cgroup counters could tell.
+	victims []oomVictim
 }
 
 // New validates cfg, fills defaults and returns a Collector. It does not touch the host, so a
@@ -218,6 +226,7 @@ func New(cfg Config) (*Collector, error) {
 		availLowBytes:   orDefault(cfg.AvailableLowBytes, DefaultAvailableLowBytes),
 		oneShot:         cfg.OneShot,
 		oomWindow:       orDefault(cfg.OOMKillWindow, DefaultOOMKillWindow),
+		kubeletUnit:     orDefault(cfg.KubeletUnit, "kubelet.service"),
 		availEnterPct:   orDefault(cfg.AvailableEnterPercent, DefaultAvailableEnterPercent),
 		availExitPct:    orDefault(cfg.AvailableExitPercent, DefaultAvailableExitPercent),
 		availEnterBytes: orDefault(cfg.AvailableEnterBytes, DefaultAvailableEnterBytes),
@@ -226,6 +235,7 @@ func New(cfg Config) (*Collector, error) {
 	if c.hostRoot == "" {
 		c.hostRoot = "/"
 	}
+	c.cgroups.root = filepath.Join(c.hostRoot, "sys", "fs", "cgroup")
 	if c.now == nil {
 		c.now = time.Now
 	}
@@ -391,10 +401,13 @@ func (c *Collector) noteOOM(now time.Time, r reading) {
 	switch k := len(c.ooms); {
 	case k == 0:
 		c.ooms = append(c.ooms, oomObs{at: now, n: r.oomKills})
+		c.cgroupVictims() // the baseline of the per-cgroup counters
 	case r.oomKills > c.ooms[k-1].n:
-		c.ooms = append(c.ooms, oomObs{at: now, n: r.oomKills, delta: r.oomKills - c.ooms[k-1].n})
+		c.ooms = append(c.ooms, oomObs{at: now, n: r.oomKills, delta: r.oomKills - c.ooms[k-1].n, victims: c.cgroupVictims()})
 	case r.oomKills < c.ooms[k-1].n: // counter went back: the host rebooted under us
 		c.ooms = append(c.ooms[:0], oomObs{at: now, n: r.oomKills})
+		c.cgroups = cgroupOOMs{root: c.cgroups.root}
+		c.cgroupVictims()
 	}
 	// Keep the latest reading as the baseline; drop changes outside the window.
 	cutoff := now.Add(-c.oomWindow)
@@ -405,6 +418,51 @@ func (c *Collector) noteOOM(now time.Time, r reading) {
 	if drop > 0 {
 		c.ooms = append(c.ooms[:0], c.ooms[drop:]...)
 	}
+}
+
+// cgroupVictims walks the memory cgroups for the kills since the last walk (see
+// oomvictims.go). Only when the node-wide counter moved, so it costs nothing in steady state;
+// a host without the cgroup mount just leaves the kills unnamed.
+func (c *Collector) cgroupVictims() []oomVictim {
+	if c.oneShot {
+		return nil
+	}
+	v, err := c.cgroups.victims()
+	if err != nil {
+		return nil
+	}
+	return v
+}
+
+// describeVictims names the cgroups of the recent kills, most kills first, marking the
+// kubelet's.
+func (c *Collector) describeVictims(now time.Time) string {
+	cutoff := now.Add(-c.oomWindow)
+	counts := map[string]uint64{}
+	var order []string
+	for _, o := range c.ooms {
+		if o.at.Before(cutoff) {
+			continue
+		}
+		for _, v := range o.victims {
+			name := describeCgroup(v.cgroup)
+			if name == c.kubeletUnit {
+				name += " (the kubelet)"
+			}
+			if _, ok := counts[name]; !ok {
+				order = append(order, name)
+			}
+			counts[name] += v.n
+		}
+	}
+	if len(order) == 0 {
+		return ""
+	}
+	parts := make([]string, len(order))
+	for i, name := range order {
+		parts[i] = fmt.Sprintf("%s ×%d", name, counts[name])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // recentOOMs returns how many kills the counter grew by within the window and the time of
@@ -628,6 +686,9 @@ func (c *Collector) message(now time.Time, r reading) string {
 	if n, last := c.recentOOMs(now); n > 0 {
 		fmt.Fprintf(&b, "; kernel OOM killer killed %d process(es) in the last %v, latest seen %v ago (vmstat oom_kill %d)",
 			n, c.oomWindow, now.Sub(last).Round(time.Second), r.oomKills)
+		if v := c.describeVictims(now); v != "" {
+			b.WriteString(", in cgroups: " + v)
+		}
 	}
 	if elapsed, need, ok := c.state.pending(now); ok && !c.oneShot {
 		to := "unhealthy"

@@ -701,3 +701,70 @@ func TestOOMKills(t *testing.T) {
 		t.Errorf("missing /proc/vmstat: %s err=%v, want healthy without error", res.Status, res.Err)
 	}
 }
+
+// TestOOMVictimsNamed: when the kernel's oom_kill counter grows, the kills are put on the
+// cgroups whose own counters grew since the previous walk (fixtures in
+// testdata/oom-cgroups: a "before" and an "after" tree of the host's /sys/fs/cgroup). On
+// cgroup v2 the counters are hierarchical, so a container whose cgroup is already gone is put
+// on its pod; on cgroup v1 (Amazon Linux 2) each cgroup counts its own kills. A kill in the
+// kubelet's unit is marked as the kubelet's.
+func TestOOMVictimsNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name, fixture string
+		vmstat        [2]string
+		want          string
+	}{
+		{
+			name: "cgroup v2, systemd driver", fixture: "v2", vmstat: [2]string{"oom_kill 1\n", "oom_kill 5\n"},
+			want: "kernel OOM killer killed 4 process(es) in the last 10m0s, latest seen 0s ago (vmstat oom_kill 5), in cgroups: " +
+				"pod 3f1c2a9e-8b7d-4c5e-9f00-1a2b3c4d5e6f container 0a1b2c3d4e5f ×2, pod 11111111-2222-3333-4444-555555555555 ×1, kubelet.service (the kubelet) ×1",
+		},
+		{
+			name: "cgroup v1, cgroupfs driver", fixture: "v1", vmstat: [2]string{"oom_kill 7\n", "oom_kill 10\n"},
+			want: "killed 3 process(es) in the last 10m0s, latest seen 0s ago (vmstat oom_kill 10), in cgroups: " +
+				"pod 3f1c2a9e-8b7d-4c5e-9f00-1a2b3c4d5e6f container 0a1b2c3d4e5f ×2, kubelet.service (the kubelet) ×1",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			clk := testingclock.NewFakePassiveClock(t0)
+			c, err := New(Config{HostRoot: root, Now: clk.Now, Logger: discardLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cgroup := filepath.Join(root, "sys/fs/cgroup")
+			for i, phase := range []string{"before", "after"} {
+				if err := os.RemoveAll(cgroup); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.CopyFS(filepath.Join(root, "sys/fs"), os.DirFS(filepath.Join("testdata/oom-cgroups", tc.fixture+"-"+phase, "sys/fs"))); err != nil {
+					t.Fatal(err)
+				}
+				clk.SetTime(clk.Now().Add(10 * time.Second))
+				writeHost(t, root, step{availPc: 50})
+				writeFiles(t, root, map[string]string{"proc/vmstat": tc.vmstat[i]})
+				res := c.Check(context.Background())
+				if i == 0 && strings.Contains(res.Message, "OOM killer") {
+					t.Fatalf("kills from before the agent started named: %q", res.Message)
+				}
+				if i == 1 && !strings.Contains(res.Message, tc.want) {
+					t.Fatalf("message\n  %s\nwant it to contain\n  %s", res.Message, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestDescribeCgroup(t *testing.T) {
+	for in, want := range map[string]string{
+		"system.slice/kubelet.service":                                                                                "kubelet.service",
+		"kubepods.slice/kubepods-pod0b5e4c1a_1111_2222_3333_444444444444.slice":                                       "pod 0b5e4c1a-1111-2222-3333-444444444444",
+		"kubepods/besteffort/pod0b5e4c1a-1111-2222-3333-444444444444/abcdef0123456789abcdef0123456789":                "pod 0b5e4c1a-1111-2222-3333-444444444444 container abcdef012345",
+		"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podX.slice/cri-containerd-0123456789abcd.scope": "pod X container 0123456789ab",
+		"user.slice/user-1000.slice/session-3.scope":                                                                  "user.slice/user-1000.slice/session-3.scope",
+	} {
+		if got := describeCgroup(in); got != want {
+			t.Errorf("describeCgroup(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

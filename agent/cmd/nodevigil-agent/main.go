@@ -175,7 +175,7 @@ func loadConfig(mode config.Mode, args []string, stderr io.Writer) (*config.Conf
 func buildChecks(cfg *config.Config, log *slog.Logger) ([]agent.Checker, func(), error) {
 	m := cfg.Memory
 	mem, err := memory.New(memory.Config{
-		HostRoot: cfg.HostRoot, Logger: log, OneShot: cfg.OneShot,
+		HostRoot: cfg.HostRoot, Logger: log, OneShot: cfg.OneShot, KubeletUnit: cfg.KubeletUnit,
 		PSIFullEnterPercent: m.PSIFullEnterPercent, PSIFullExitPercent: m.PSIFullExitPercent,
 		AvailableLowPercent: m.AvailableLowPercent, AvailableLowBytes: m.AvailableLowMiB << 20,
 		AvailableEnterPercent: m.AvailableCriticalPercent, AvailableEnterBytes: m.AvailableCriticalMiB << 20,

@@ -19,7 +19,7 @@ const instanceID = "i-0123456789abcdef0"
 var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // emulated starts the EC2 emulator's metadata service for one instance over real HTTP.
-func emulated(t *testing.T) (*ec2emu.Server, string, *clocktesting.FakeClock) {
+func emulated(t testing.TB) (*ec2emu.Server, string, *clocktesting.FakeClock) {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(epoch)
 	s := ec2emu.New(ec2emu.Config{Clock: clk})

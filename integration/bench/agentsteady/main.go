@@ -37,15 +37,16 @@ func main() {
 	warmup := flag.Duration("warmup", time.Minute, "time before measuring, for start-up allocations and the first reports")
 	sample := flag.Duration("sample", 5*time.Second, "RSS sampling interval")
 	baseline := flag.Duration("baseline", 2*time.Minute, "window before the agent starts, to measure the apiserver's own requests (its identity Lease) and subtract them")
+	compare := flag.Bool("compare", false, "run a second agent on a second Node with the AWS event checks off (imds.disabled: true) alongside, and report its RSS and CPU: the IMDS watcher's cost at the same time and load (the API rows then count both agents)")
 	imdsOn := flag.Bool("imds", true, "serve the agent an emulated instance metadata service (integration/ec2emu), so the AWS event watcher polls as on EC2; false leaves the default endpoint, unreachable off EC2")
 	flag.Parse()
-	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn); err != nil {
+	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample, baseline time.Duration, imdsOn bool) error {
+func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -119,6 +120,31 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn bool) error {
 		return err
 	}
 	defer agent.Stop(10 * time.Second)
+	var other *testbin.Process
+	if compare {
+		const otherNode = "bench-node-2"
+		if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: otherNode}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		conf := filepath.Join(dir, "no-imds.yaml")
+		if err := os.WriteFile(conf, []byte("imds:\n  disabled: true\n"), 0o600); err != nil {
+			return err
+		}
+		otherAddr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		other, err = testbin.Start("nodevigil-agent-noimds", bin, []string{"run",
+			"--node-name", otherNode, "--namespace", ns, "--pod-name", "agent-bench-2",
+			"--kubeconfig", cp.KubeconfigPath(), "--host-root", filepath.Join(dir, "host"),
+			"--listen-address", otherAddr, "--kubelet-healthz-url", healthz.URL + "/healthz",
+			"--log-level", "warn", "--config", conf,
+		})
+		if err != nil {
+			return err
+		}
+		defer other.Stop(10 * time.Second)
+	}
 
 	fmt.Fprintf(os.Stderr, "agentsteady: warming up for %s, then measuring for %s\n", warmup, duration)
 	time.Sleep(warmup)
@@ -137,15 +163,28 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn bool) error {
 	if err != nil {
 		return err
 	}
+	var ocpu0 int64
+	if other != nil {
+		if ocpu0, err = cpuTicks(other.Pid()); err != nil {
+			return err
+		}
+	}
 	tokens0, reads0 := emu.IMDSCalls(instanceID)
 	start := time.Now()
-	var rss, anon, file []int64
+	var rss, anon, file, orss, oanon, ofile []int64
 	for time.Since(start) < duration {
 		m, err := memKB(agent.Pid())
 		if err != nil {
 			return fmt.Errorf("agent gone: %w\n%s", err, agent.LogTail(30))
 		}
 		rss, anon, file = append(rss, m["VmRSS"]), append(anon, m["RssAnon"]), append(file, m["RssFile"])
+		if other != nil {
+			m, err := memKB(other.Pid())
+			if err != nil {
+				return fmt.Errorf("comparison agent gone: %w\n%s", err, other.LogTail(30))
+			}
+			orss, oanon, ofile = append(orss, m["VmRSS"]), append(oanon, m["RssAnon"]), append(ofile, m["RssFile"])
+		}
 		time.Sleep(sample)
 	}
 	renew1, err := scrapeSum(ctx, "http://"+metricsAddr+"/metrics", `nodevigil_agent_lease_renewals_total{result="success"}`)
@@ -162,7 +201,13 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn bool) error {
 	if err != nil {
 		return err
 	}
-	for _, v := range [][]int64{rss, anon, file} {
+	var ocpu1 int64
+	if other != nil {
+		if ocpu1, err = cpuTicks(other.Pid()); err != nil {
+			return err
+		}
+	}
+	for _, v := range [][]int64{rss, anon, file, orss, oanon, ofile} {
 		slices.Sort(v)
 	}
 	minutes := elapsed.Minutes()
@@ -175,6 +220,14 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn bool) error {
 	fmt.Printf("| of which anonymous (heap, stacks) | %.1f MiB |\n", mib(anon[len(anon)/2]))
 	fmt.Printf("| of which file-backed (binary pages) | %.1f MiB |\n", mib(file[len(file)/2]))
 	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
+	if other != nil {
+		omcpu := float64(ocpu1-ocpu0) / ticksPerSecond / elapsed.Seconds() * 1000
+		fmt.Printf("| same build, AWS event checks off (`imds.disabled: true`), same window: RSS median (max) | %.1f MiB (%.1f MiB); anonymous %.1f MiB, file-backed %.1f MiB |\n",
+			mib(orss[len(orss)/2]), mib(orss[len(orss)-1]), mib(oanon[len(oanon)/2]), mib(ofile[len(ofile)/2]))
+		fmt.Printf("| same, CPU average | %.2f mCPU |\n", omcpu)
+		fmt.Printf("| IMDS watcher's cost (difference) | RSS %+.1f MiB median, CPU %+.2f mCPU |\n", mib(rss[len(rss)/2]-orss[len(orss)/2]), mcpu-omcpu)
+		fmt.Printf("| note | the API rows below count both agents' requests |\n")
+	}
 	fmt.Printf("| Lease renewals (agent's own metric) | %.2f per minute |\n", (renew1-renew0)/minutes)
 	if imdsOn {
 		fmt.Printf("| IMDS (emulated) | %.1f metadata reads and %.2f token requests per minute |\n", float64(reads1-reads0)/minutes, float64(tokens1-tokens0)/minutes)

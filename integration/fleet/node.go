@@ -19,6 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/nodevigil/nodevigil/agent/conditions"
+	"github.com/nodevigil/nodevigil/collectors/cni"
+	kubeletcheck "github.com/nodevigil/nodevigil/collectors/kubelet"
+	"github.com/nodevigil/nodevigil/collectors/memory"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
@@ -165,6 +169,7 @@ func (n *Node) simulateAgent(ctx context.Context) {
 	holder := "nodevigil-agent-" + n.Name
 	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.uid}}
 	taintGone := false
+	var reported *bool // the kubelet health last written as KubeletHealthy, nil before the first write
 	t := time.NewTicker(c.AgentRenewInterval)
 	defer t.Stop()
 	for {
@@ -188,6 +193,11 @@ func (n *Node) simulateAgent(ctx context.Context) {
 				l.Spec.RenewTime = &now
 				_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
 			}
+			if kubelet := n.kubeletHealthy(); reported == nil || *reported != kubelet {
+				if err := n.reportConditions(ctx, kubelet); err == nil {
+					reported = &kubelet
+				}
+			}
 			if !taintGone && time.Since(n.joined) >= c.StabilityWindow && n.kubeletHealthy() {
 				taintGone = n.removeStartupTaint(ctx) == nil
 			}
@@ -198,6 +208,38 @@ func (n *Node) simulateAgent(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// reportConditions writes the agent's own Node conditions as a real agent on a healthy host
+// would, with KubeletHealthy following the simulated kubelet: memory and CNI have nothing to
+// read on a simulated node, so they are reported healthy with a message that says so. Written
+// only on change, like the real agent, so `kubectl nodevigil status` and the remediator see the
+// same kinds of conditions on every node of the fleet.
+func (n *Node) reportConditions(ctx context.Context, kubeletHealthy bool) error {
+	now := metav1.NewTime(time.Now())
+	cond := func(t corev1.NodeConditionType, ok bool, reason, msg string) corev1.NodeCondition {
+		s := corev1.ConditionTrue
+		if !ok {
+			s = corev1.ConditionFalse
+		}
+		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
+	}
+	kubelet := cond(conditions.TypeKubeletHealthy, true, kubeletcheck.ReasonKubeletHealthy, "simulated agent: the simulated kubelet answers /healthz")
+	if !kubeletHealthy {
+		kubelet = cond(conditions.TypeKubeletHealthy, false, kubeletcheck.ReasonKubeletNotRunning,
+			"simulated agent: the simulated kubelet is dead (fault injected); no process, /healthz refuses connections")
+	}
+	conds := []corev1.NodeCondition{
+		cond(conditions.TypeMemoryHealthy, true, memory.ReasonNoMemoryPressure, "simulated agent: no host to read; reported healthy"),
+		kubelet,
+		cond(conditions.TypeNetworkingReady, true, cni.ReasonCNIReady, "simulated agent: no host to read; reported ready"),
+	}
+	body, err := conditions.BuildPatch(conds)
+	if err != nil {
+		return err
+	}
+	_, err = n.fleet.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, conditions.PatchType, body, metav1.PatchOptions{}, "status")
+	return err
 }
 
 func (n *Node) removeStartupTaint(ctx context.Context) error {

@@ -427,6 +427,16 @@ func TestS001PerPoolPoliciesDecideWhatADeadNodeMeans(t *testing.T) {
 	})
 	w.startRemediator("remediator-a")
 	general, kafka := w.node("s001-general", false), w.node("s001-kafka", false)
+	// Simulated agents report the agent's conditions as real ones do, so every node of the
+	// fleet reads alike in `kubectl nodevigil status`.
+	for _, n := range []string{general.Name, kafka.Name} {
+		for _, ct := range []string{"MemoryHealthy", "KubeletHealthy", "NetworkingReady"} {
+			w.eventually(n+" (simulated agent) reporting "+ct+"=True", 15*time.Second, func() bool {
+				c := w.condition(n, ct)
+				return c != nil && c.Status == corev1.ConditionTrue
+			})
+		}
+	}
 	w.inject("node-silent", general.Name)
 	w.inject("node-silent", kafka.Name)
 

@@ -131,7 +131,7 @@ func expectation(kind string) string {
 	t := fleet.DevTimings
 	switch kind {
 	case "kubelet-oom":
-		return fmt.Sprintf("KubeletHealthy=False at once (real agents), Ready=Unknown after ~20s; "+
+		return fmt.Sprintf("KubeletHealthy=False at once (real and simulated agents), Ready=Unknown after ~20s; "+
 			"general: KubeletUnhealthy after ~25s, cordoned %s later, drained (a dead kubelet never confirms its pods gone: the %s drain timeout, then Proceed), "+
 			"terminated ~%s after the fault and a replacement joins; kafka: cordoned only",
 			t.KubeletUnhealthy, t.DrainTimeout, (25*time.Second + t.KubeletUnhealthy + t.DrainTimeout).Round(time.Second))

@@ -23,6 +23,7 @@ import (
 	"github.com/nodevigil/nodevigil/collectors/cni"
 	kubeletcheck "github.com/nodevigil/nodevigil/collectors/kubelet"
 	"github.com/nodevigil/nodevigil/collectors/memory"
+	"github.com/nodevigil/nodevigil/integration/fakesystemd"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
@@ -52,6 +53,46 @@ type Node struct {
 	kubeletUp bool // the kubelet /healthz answers ok
 	agentUp   bool // the agent runs (real process, or simulated heartbeat)
 	agent     *child
+	// broken says the kubelet dies again at every restart (fault kubelet-dead): local repair
+	// cannot help, only replacement can.
+	broken bool
+	// systemd is the real agent's system bus with its kubelet unit (Config.LocalRepair).
+	systemd *fakesystemd.Systemd
+}
+
+// restartedByAgent is the kubelet unit's restart, asked for by the agent's local repair: the
+// kubelet comes back (kwok resumes its Lease and status, /healthz answers) unless the node is
+// broken.
+func (n *Node) restartedByAgent() bool {
+	n.mu.Lock()
+	broken := n.broken
+	n.mu.Unlock()
+	if broken {
+		n.fleet.cfg.Logger.Info("kubelet restart failed: it dies again at once", "node", n.Name)
+		return false
+	}
+	n.setKubelet(true)
+	if err := n.fleet.setKwok(n.fleet.ctx, n, true); err != nil {
+		n.fleet.cfg.Logger.Warn("kubelet restart: resume kwok failed", "node", n.Name, "err", err)
+		return false
+	}
+	n.fleet.cfg.Logger.Info("kubelet restarted by the agent's local repair", "node", n.Name)
+	return true
+}
+
+// KubeletRestarts counts the restarts of the node's kubelet unit its agent asked systemd for
+// (0 without Config.LocalRepair).
+func (n *Node) KubeletRestarts() int {
+	if n.systemd == nil {
+		return 0
+	}
+	return n.systemd.Restarts()
+}
+
+func (n *Node) stopSystemd() {
+	if n.systemd != nil {
+		_ = n.systemd.Close()
+	}
 }
 
 func (n *Node) kubeletHealthy() bool {
@@ -136,6 +177,9 @@ func (n *Node) startAgent() error {
 		"--taint-stability-window", c.StabilityWindow.String(),
 		"--log-format", "text",
 		"--log-level", c.AgentLogLevel,
+	}
+	if n.systemd != nil {
+		args = append(args, "--kubelet-repair=true")
 	}
 	ch, err := n.fleet.startChild("agent "+n.Name, c.AgentBin, args)
 	if err != nil {

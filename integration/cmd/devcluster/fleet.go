@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -34,8 +35,16 @@ type devFleet struct {
 // (kubelet Lease 20s, agent Lease 10s), agents quiet unless something is wrong.
 func fleetConfig(cp *controlplane.ControlPlane, emu *ec2emu.Server, agentBin, kwokBin, dir string, term *terminal) fleet.Config {
 	client, _ := cp.Client()
+	// Local kubelet repair needs a system bus per real agent; without dbus-daemon the agents
+	// run without one and S000 shows only its second half (replacement).
+	_, err := exec.LookPath("dbus-daemon")
+	localRepair := err == nil
+	if !localRepair {
+		slog.Warn("dbus-daemon not found: the fleet's real agents run without a system bus, so kubelet-oom is not repaired locally (apt-get install dbus to see local repair)")
+	}
 	return fleet.Config{
-		Client: client, Kubeconfig: cp.KubeconfigPath(), EC2: emu, ClusterTag: devClusterTag,
+		LocalRepair: localRepair,
+		Client:      client, Kubeconfig: cp.KubeconfigPath(), EC2: emu, ClusterTag: devClusterTag,
 		AgentBin: agentBin, KwokBin: kwokBin, AgentNamespace: devNamespace, Dir: dir,
 		Pools: fleet.DefaultPools(""), KubeletLeaseSeconds: 20, AgentLeaseDuration: 10 * time.Second,
 		AgentRenewInterval: 2 * time.Second, CheckInterval: 2 * time.Second, StabilityWindow: 5 * time.Second,
@@ -131,7 +140,11 @@ func expectation(kind string) string {
 	t := fleet.DevTimings
 	switch kind {
 	case "kubelet-oom":
-		return fmt.Sprintf("KubeletHealthy=False at once (real and simulated agents), Ready=Unknown after ~20s; "+
+		return "KubeletHealthy=False (KubeletOOMKilled) within ~2s and a KubeletRestarted Event: the real agent restarts the unit, " +
+			"the kubelet is back before its Lease goes stale, and the remediator touches nothing although the condition stays False for 10 minutes " +
+			"(on a simulated-agent node nothing restarts it: as kubelet-dead)"
+	case "kubelet-dead":
+		return fmt.Sprintf("KubeletHealthy=False at once, local repair fails, Ready=Unknown after ~20s; "+
 			"general: KubeletUnhealthy after ~25s, cordoned %s later, drained (a dead kubelet never confirms its pods gone: the %s drain timeout, then Proceed), "+
 			"terminated ~%s after the fault and a replacement joins; kafka: cordoned only",
 			t.KubeletUnhealthy, t.DrainTimeout, (25*time.Second + t.KubeletUnhealthy + t.DrainTimeout).Round(time.Second))
@@ -172,7 +185,7 @@ func (d *devFleet) instructions(kubeconfig, plugin string) string {
 	b.WriteString("  break something (then: " + plugin + " --kubeconfig " + kubeconfig + " -n " + devNamespace + " explain NODE):\n")
 	for _, f := range fleet.Faults {
 		target := simNode
-		if f.RealOnly || f.Name == "kubelet-oom" {
+		if f.RealOnly || f.Name == "kubelet-oom" || f.Name == "kubelet-dead" {
 			target = realNode
 		}
 		if f.Zone {

@@ -34,7 +34,7 @@ func TestRun(t *testing.T) {
 		{args: []string{"heal", "general-a-1"}, request: "POST /heal?target=general-a-1", out: "done"},
 		{args: []string{"nodes"}, request: "GET /nodes?", out: "done"},
 		{args: []string{"faults"}, out: "bad-taint"},
-		{args: []string{"fault", "kubelet-dead", "general-a-1"}, err: `unknown fault "kubelet-dead"; one of: kubelet-oom`},
+		{args: []string{"fault", "kubelet-gone", "general-a-1"}, err: `unknown fault "kubelet-gone"; one of: kubelet-oom, kubelet-dead`},
 		{args: []string{"fault", "kubelet-oom"}, err: "usage: fleetctl"},
 		{args: []string{}, err: "usage: fleetctl"},
 		{args: []string{"heal", "nope"}, request: "POST /heal?target=nope", err: `no live node "nope"`},

@@ -363,6 +363,9 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool,
 		if err := n.setupHost(); err != nil {
 			return nil, err
 		}
+		if n.imds, err = f.cfg.EC2.StartIMDS(id); err != nil {
+			return nil, fmt.Errorf("fleet: metadata service of %s: %w", name, err)
+		}
 		if f.cfg.LocalRepair {
 			sd, err := fakesystemd.Start(fakesystemd.Config{HostRoot: n.hostRoot, OnRestart: n.restartedByAgent})
 			if err != nil {

@@ -58,6 +58,9 @@ type Node struct {
 	broken bool
 	// systemd is the real agent's system bus with its kubelet unit (Config.LocalRepair).
 	systemd *fakesystemd.Systemd
+	// imds is the base URL of the instance's own metadata service in the EC2 emulator, which
+	// the real agent watches for AWS events.
+	imds string
 }
 
 // restartedByAgent is the kubelet unit's restart, asked for by the agent's local repair: the
@@ -180,6 +183,9 @@ func (n *Node) startAgent() error {
 	}
 	if n.systemd != nil {
 		args = append(args, "--kubelet-repair=true")
+	}
+	if n.imds != "" {
+		args = append(args, "--imds-endpoint", n.imds)
 	}
 	ch, err := n.fleet.startChild("agent "+n.Name, c.AgentBin, args)
 	if err != nil {

@@ -29,6 +29,9 @@ type devFleet struct {
 	addr    string
 	started time.Duration // from `up` starting to every node ready
 	config  string        // the remediator's RemediatorConfig file
+	// restartLeader kills the leader remediator replica (POST /restart-leader); set once the
+	// replicas run.
+	restartLeader func(context.Context) (string, error)
 }
 
 // fleetConfig is the fleet `make run` brings up: the default pools, make run's timings
@@ -121,6 +124,19 @@ func (d *devFleet) handler() http.Handler {
 		}
 		fmt.Fprintf(w, "%s healed: kubelet and agent back, host root healthy\n", target)
 	})
+	mux.HandleFunc("POST /restart-leader", func(w http.ResponseWriter, r *http.Request) {
+		if d.restartLeader == nil {
+			http.Error(w, "the remediator replicas are not running yet", http.StatusServiceUnavailable)
+			return
+		}
+		killed, err := d.restartLeader(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "killed %s, the leader (SIGKILL: its Lease is not released); it starts again in %s as a follower\nexpect: %s\n",
+			killed, restartPause, restartLeaderExpectation)
+	})
 	mux.HandleFunc("GET /nodes", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "%-18s %-8s %-11s %-20s %s\n", "NODE", "POOL", "ZONE", "INSTANCE", "AGENT")
 		for _, n := range d.fleet.Nodes() {
@@ -166,6 +182,11 @@ func expectation(kind string) string {
 	return ""
 }
 
+// restartLeaderExpectation says what a user sees after fleetctl restart-leader (S003).
+const restartLeaderExpectation = "the other replica takes the Lease within ~8s (its lease duration), watches every node's Leases " +
+	"for one lease duration before judging anything, then resumes any node mid-remediation from the state on the Node: " +
+	"nothing is cordoned twice or terminated twice (kubectl get lease -n " + devNamespace + " nodevigil-remediator shows the holder)"
+
 // instructions is what `make run` prints about the fleet.
 func (d *devFleet) instructions(kubeconfig, plugin string) string {
 	var b strings.Builder
@@ -193,6 +214,7 @@ func (d *devFleet) instructions(kubeconfig, plugin string) string {
 		}
 		fmt.Fprintf(&b, "    go run ./integration/cmd/fleetctl fault %-15s %s\n        -> %s\n", f.Name, target, expectation(f.Name))
 	}
+	fmt.Fprintf(&b, "    go run ./integration/cmd/fleetctl restart-leader\n        -> %s\n", restartLeaderExpectation)
 	b.WriteString("    go run ./integration/cmd/fleetctl heal NODE|ZONE      undo a fault; fleetctl nodes lists the fleet\n")
 	return b.String()
 }

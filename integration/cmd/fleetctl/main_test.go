@@ -33,6 +33,8 @@ func TestRun(t *testing.T) {
 		{args: []string{"fault", "zone-dark", "us-east-1b"}, request: "POST /fault?kind=zone-dark&target=us-east-1b", out: "done"},
 		{args: []string{"heal", "general-a-1"}, request: "POST /heal?target=general-a-1", out: "done"},
 		{args: []string{"nodes"}, request: "GET /nodes?", out: "done"},
+		{args: []string{"restart-leader"}, request: "POST /restart-leader?", out: "done"},
+		{args: []string{"restart-leader", "now"}, err: "usage: fleetctl"},
 		{args: []string{"faults"}, out: "bad-taint"},
 		{args: []string{"fault", "kubelet-gone", "general-a-1"}, err: `unknown fault "kubelet-gone"; one of: kubelet-oom, kubelet-dead`},
 		{args: []string{"fault", "kubelet-oom"}, err: "usage: fleetctl"},

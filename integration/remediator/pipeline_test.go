@@ -24,6 +24,7 @@ drain:
 // the cluster tag; its node is Blocked without being cordoned, and a second dead node of the
 // same pool is terminated under the default maxInFlight of 1.
 func TestForeignInstanceIsBlockedAndDoesNotHoldThePool(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var nodes []*simNode
 	for range 5 {

@@ -47,6 +47,9 @@ var (
 // kube-controller-manager (~400 MB together).
 const defaultParallel = 4
 
+// planeStarts bounds how many control planes start at once.
+var planeStarts = make(chan struct{}, 2)
+
 const (
 	clusterTag     = "kubernetes.io/cluster/itest"
 	stateKey       = "nodevigil.io/remediation-state"
@@ -104,7 +107,11 @@ type replica struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	cp, err := controlplane.Start(t.Context(), controlplane.Config{Binaries: planeBins, Progress: io.Discard})
+	// Starting kube-apiserver is the heaviest moment of a test (its bootstrap controllers);
+	// at most two start at once, with room for a loaded machine.
+	planeStarts <- struct{}{}
+	cp, err := controlplane.Start(t.Context(), controlplane.Config{Binaries: planeBins, Progress: io.Discard, StartTimeout: 3 * time.Minute})
+	<-planeStarts
 	if err != nil {
 		t.Fatalf("start the control plane: %v", err)
 	}

@@ -80,7 +80,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		}
 		return nil
 	})
-	fs.StringVar(&o.clusterTagKey, "cluster-tag-key", "", "EC2 tag key marking the cluster's instances, e.g. kubernetes.io/cluster/<name>; required unless dry-run")
+	fs.StringVar(&o.clusterTagKey, "cluster-tag-key", "", "EC2 tag key marking the cluster's instances, e.g. kubernetes.io/cluster/<name>; required unless dry-run, where it makes dry-run describe instances (read-only) to report those it would leave Blocked")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "API server request rate limit (Node patches, drains; Events have their own limit)")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "API server request burst: a zone failing at once needs ~3 patches per node at the same moment")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", remediation.DefaultResyncPeriod, "every node is reconsidered at least this often")

@@ -510,6 +510,24 @@ func run(ctx context.Context, o options) (err error) {
 			lastExpiry = e
 		}
 	}
+	if pprofBase != "" {
+		// Where the workers wait while the silenced nodes are due: goroutine stacks 1 s and
+		// 3 s after the last toleration expired (a CPU profile shows only CPU, and the
+		// remediator spends little of it here).
+		due := lastExpiry.Add(o.toleration)
+		profWG.Add(1)
+		go func() {
+			defer profWG.Done()
+			for i, d := range []time.Duration{time.Second, 3 * time.Second} {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Until(due.Add(d))):
+				}
+				profile(fmt.Sprintf("goroutines-due-%d.txt", i+1), "goroutine?debug=1")
+			}
+		}()
+	}
 	deadline := lastExpiry.Add(o.toleration + 3*time.Minute)
 	c.logf("waiting for %d TerminateInstances (last Lease expiry %s)", len(silenced), lastExpiry.Format(time.TimeOnly))
 	if err := waitFor(ctx, rem, time.Until(deadline), func() bool {

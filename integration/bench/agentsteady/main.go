@@ -38,15 +38,16 @@ func main() {
 	sample := flag.Duration("sample", 5*time.Second, "RSS sampling interval")
 	baseline := flag.Duration("baseline", 2*time.Minute, "window before the agent starts, to measure the apiserver's own requests (its identity Lease) and subtract them")
 	compare := flag.Bool("compare", false, "run a second agent on a second Node with the AWS event checks off (imds.disabled: true) alongside, and report its RSS and CPU: the IMDS watcher's cost at the same time and load (the API rows then count both agents)")
+	spotInterval := flag.Duration("spot-interval", 0, "imds.spotInterval for the measured agent (0: the agent's default, 2s)")
 	imdsOn := flag.Bool("imds", true, "serve the agent an emulated instance metadata service (integration/ec2emu), so the AWS event watcher polls as on EC2; false leaves the default endpoint, unreachable off EC2")
 	flag.Parse()
-	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare); err != nil {
+	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *spotInterval); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool) error {
+func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool, spotInterval time.Duration) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -114,6 +115,13 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool)
 		md := httptest.NewServer(emu.IMDSHandler(instanceID))
 		defer md.Close()
 		args = append(args, "--imds-endpoint", md.URL)
+		if spotInterval > 0 {
+			conf := filepath.Join(dir, "imds.yaml")
+			if err := os.WriteFile(conf, fmt.Appendf(nil, "apiVersion: nodevigil.io/v1alpha1\nkind: AgentConfig\nimds:\n  spotInterval: %s\n", spotInterval), 0o600); err != nil {
+				return err
+			}
+			args = append(args, "--config", conf)
+		}
 	}
 	agent, err := testbin.Start("nodevigil-agent", bin, args)
 	if err != nil {

@@ -541,7 +541,9 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 	stopJobAt := c.stopJobAt
 	res.Status = collectors.StatusUnhealthy
 	switch {
-	case !active && st.ActiveState != "activating" && (!stopJobAt.IsZero() || stoppedByJob(st)):
+	case !active && st.ActiveState != "activating" && (st.JobID == 0 || st.JobType == "stop") && (!stopJobAt.IsZero() || stoppedByJob(st)):
+		// (A start or restart job queued means systemd is bringing it back: systemctl restart
+		// passes through inactive with the same timestamps as a stop.)
 		res.Reason = ReasonKubeletStoppedByOperator
 		how := "systemd took the unit out of service before its process exited, i.e. a stop job such as systemctl stop"
 		if !stopJobAt.IsZero() {
@@ -555,6 +557,9 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 	case st.ActiveState == "failed":
 		res.Reason = ReasonKubeletUnitFailed
 		res.Message = fmt.Sprintf("kubelet unit failed: %s; %s", unit, hz.describe())
+	case !active && st.ActiveState != "activating" && st.JobID != 0 && st.JobType != "stop":
+		res.Reason = ReasonKubeletUnitInactive
+		res.Message = fmt.Sprintf("kubelet unit is down and systemd has a %s job queued for it: %s; %s", orUnknown(st.JobType), unit, hz.describe())
 	case st.ActiveState == "inactive" && (st.Result == "success" || st.Result == "") && neverStarted(st):
 		res.Reason = ReasonKubeletUnitInactive
 		res.Message = fmt.Sprintf("kubelet unit has not been started since boot (systemd records no start and no stop of it): %s; %s; "+
@@ -587,6 +592,13 @@ func (c *Collector) verdict(now time.Time, uo unitObservation, hz healthzObserva
 	}
 	res.Disrupted = c.disrupted
 	return res
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(finished)"
+	}
+	return s
 }
 
 // describeExit says how the unit's last main process ended, from ExecMainCode/Status.

@@ -92,6 +92,13 @@ func TestCheckVerdict(t *testing.T) {
 			message: []string{"a stop job for kubelet.service was seen at "},
 		},
 		{
+			// systemctl restart, caught between its stop and its start: not stopped.
+			name: "restart job between stop and start", unit: unitState{LoadState: "loaded", HasNRestarts: true, ActiveState: "inactive", SubState: "dead",
+				Result: "success", MainStart: 100, ActiveExit: 200, MainExit: 250, MainCode: 1, JobID: 8, JobType: "restart"},
+			hzErr: errConnRefused, status: collectors.StatusUnhealthy, reason: ReasonKubeletUnitInactive,
+			message: []string{"systemd has a restart job queued for it"},
+		},
+		{
 			// Restart=on-failure and the kubelet exited 0 by itself: inactive with a clean
 			// result, but no stop job ended it.
 			name: "exited on its own with a clean result", unit: exitedUnit,

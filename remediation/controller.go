@@ -167,6 +167,13 @@ type Config struct {
 	EventClient kubernetes.Interface
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
+	// ScheduledEvents lists the active scheduled events of instances (DescribeInstanceStatus),
+	// so nodes without an agent get interruption decisions too (interruptions_poll.go). Nil
+	// disables the poll: only events the agents report are acted on.
+	ScheduledEvents ScheduledEventSource
+	// ScheduledEventsInterval is how often the leader polls ScheduledEvents. Default
+	// DefaultScheduledEventsInterval (1m).
+	ScheduledEventsInterval time.Duration
 }
 
 // LeaderElectionConfig configures leader election through a coordination Lease.
@@ -219,6 +226,9 @@ type Controller struct {
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
 
+	// intr is the interruption handling's own state (interruptions_trust.go).
+	intr *interruptionState
+
 	gateMu       sync.Mutex
 	census       *census
 	reservations map[string]reservation
@@ -266,6 +276,7 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.BlockedRequeue, DefaultBlockedRequeue)
 	setDefault(&cfg.DrainRetryInterval, DefaultDrainRetryInterval)
 	setDefault(&cfg.BlockedRecheck, DefaultBlockedRecheck)
+	setDefault(&cfg.ScheduledEventsInterval, DefaultScheduledEventsInterval)
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
@@ -301,6 +312,9 @@ func New(cfg Config) (*Controller, error) {
 		agentObs:     newLeaseObserver(cfg.Remediator.AgentLeaseDuration),
 	}
 	if err := c.registerObserveMetrics(); err != nil {
+		return nil, err
+	}
+	if c.intr, err = newInterruptionState(cfg.Registry); err != nil {
 		return nil, err
 	}
 	c.recorder = cfg.Recorder
@@ -529,6 +543,13 @@ func (c *Controller) lead(ctx context.Context) {
 			defer wg.Done()
 			for c.processNext(ctx) {
 			}
+		}()
+	}
+	if c.cfg.ScheduledEvents != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.runEventPoll(ctx)
 		}()
 	}
 	wg.Add(1)

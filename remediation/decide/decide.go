@@ -313,6 +313,16 @@ func decideNode(in Input) Decision {
 				ts(in.ObservingSince), phase, ts(until), v.Reason, v.Message)
 			return d
 		}
+		if v.Action == ActionWait && v.Unhealthy && phase.Releasable() {
+			// Mid-pipeline and still unhealthy, only within its toleration — as after a leader
+			// change, where tolerations run from the new leader's own observation. Releasing
+			// would uncordon a node that is still down and start it all over one toleration
+			// later: hold it where it is, neither released nor advanced, until the toleration
+			// ends (then the pipeline resumes) or the node recovers (then it is released).
+			d := v
+			d.Message = fmt.Sprintf("holding node (state %s) within its toleration: %s", phase, v.Message)
+			return d
+		}
 		return release(v)
 	}
 

@@ -4,11 +4,10 @@
 // nothing of Kubernetes and reports one collectors.Result per kind of event, which the agent
 // publishes as a Node condition.
 //
-// The metadata service is read with IMDSv2 only (no IMDSv1 fallback) by a small net/http
-// client (client.go): it fetches a session token (PUT /latest/api/token), reuses it and one
-// keep-alive connection for every read, and fetches a new token before it expires or after a
-// 401. Its endpoint is the SDK's (169.254.169.254, or AWS_EC2_METADATA_SERVICE_ENDPOINT), and
-// AWS_EC2_METADATA_DISABLED=true switches it off, as for the SDK; Config.Endpoint overrides.
+// The metadata service is read through aws-sdk-go-v2's feature/ec2/imds client with the IMDSv1
+// fallback disabled: the client fetches a session token (PUT /latest/api/token), reuses it for
+// every read and fetches a new one when it expires. Its endpoint is the SDK's (169.254.169.254,
+// or AWS_EC2_METADATA_SERVICE_ENDPOINT), overridable with Config.Endpoint.
 //
 // A Watcher polls the spot paths every few seconds (a spot notice gives two minutes) and the
 // others about once a minute, each group on its own schedule, and signals Changed whenever a
@@ -23,14 +22,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
@@ -149,7 +154,7 @@ type Watcher struct {
 	changed chan struct{}
 
 	mu      sync.Mutex
-	client  *client
+	client  *imds.Client
 	latest  map[collectors.CheckName]collectors.Result
 	running bool
 
@@ -204,7 +209,7 @@ func New(cfg Config) (*Watcher, error) {
 			Help: "1 while an AWS event of the kind is pending on this instance (spot-interruption, rebalance-recommendation, scheduled-events, asg-lifecycle), else 0.",
 		}, []string{"kind"}),
 	}
-	w.client = newClient(cfg.Endpoint, cfg.Clock)
+	w.client = w.newClient()
 	for k, p := range kindPaths {
 		w.pending.WithLabelValues(string(k))
 		for _, r := range []string{"ok", "not_found", "error"} {
@@ -212,6 +217,16 @@ func New(cfg Config) (*Watcher, error) {
 		}
 	}
 	return w, nil
+}
+
+func (w *Watcher) newClient() *imds.Client {
+	return imds.New(imds.Options{
+		Endpoint:       w.cfg.Endpoint,
+		EnableFallback: aws.FalseTernary, // IMDSv2 only: never read without a session token
+		// One attempt per poll: the Watcher has its own schedule and backoff, and a hop-limit
+		// drop would otherwise hold a poll for three response timeouts.
+		Retryer: aws.NopRetryer{},
+	})
 }
 
 // Describe implements prometheus.Collector.
@@ -375,8 +390,13 @@ func (w *Watcher) read(ctx context.Context, kind collectors.CheckName) collector
 		return res
 	default:
 		w.requests.WithLabelValues(path, "error").Inc()
-		// A 401 (the service no longer knows the session token: it restarted) made the client
-		// forget the token; the next poll fetches a new one.
+		if status == http.StatusUnauthorized {
+			// The service no longer knows the session token (it restarted); the SDK would
+			// keep it until its TTL, so start over with a new client and a new token.
+			w.mu.Lock()
+			w.client = w.newClient()
+			w.mu.Unlock()
+		}
 		res.Status = collectors.StatusUnknown
 		res.Reason, res.Message = classify(err, status, w.cfg.Endpoint)
 		res.Err = err
@@ -401,17 +421,41 @@ func (w *Watcher) read(ctx context.Context, kind collectors.CheckName) collector
 
 // get reads one metadata path; status is the HTTP status of a failed read (0 when there was
 // no answer or the token request failed).
-func get(ctx context.Context, c *client, path string) (string, int, error) {
-	body, err := c.get(ctx, path)
+func get(ctx context.Context, c *imds.Client, path string) (string, int, error) {
+	out, err := c.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
 	if err != nil {
-		var se *statusError
-		if errors.As(err, &se) {
-			return "", se.Status, err
+		if _, _, tokenFailed := tokenFailure(err); !tokenFailed {
+			var re *smithyhttp.ResponseError
+			if errors.As(err, &re) {
+				return "", re.HTTPStatusCode(), err
+			}
 		}
 		return "", 0, err
 	}
-	return body, http.StatusOK, nil
+	defer func() { _ = out.Content.Close() }()
+	b, err := io.ReadAll(io.LimitReader(out.Content, 64<<10))
+	if err != nil {
+		return "", 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	return string(b), http.StatusOK, nil
 }
+
+// tokenFailure returns the text of the SDK's failed token request and its HTTP status (0 when
+// there was no answer), or ok=false when the token was not what failed. The SDK wraps that
+// error in a type without Unwrap, so its text is all there is to go on.
+func tokenFailure(err error) (text string, status int, ok bool) {
+	msg := err.Error()
+	_, after, found := strings.Cut(msg, "failed to get API token")
+	if !found {
+		return "", 0, false
+	}
+	if m := statusPattern.FindStringSubmatch(after); m != nil {
+		status, _ = strconv.Atoi(m[1])
+	}
+	return strings.TrimLeft(after, ", "), status, true
+}
+
+var statusPattern = regexp.MustCompile(`StatusCode: (\d{3})`)
 
 const fixNetwork = "run the agent with hostNetwork: true (the chart's default) or raise the instance's " +
 	"response hop limit to 2 (aws ec2 modify-instance-metadata-options --instance-id <id> --http-put-response-hop-limit 2, " +
@@ -422,12 +466,10 @@ func classify(err error, status int, endpoint string) (reason, msg string) {
 	if endpoint == "" {
 		endpoint = "169.254.169.254"
 	}
-	if errors.Is(err, errDisabled) {
+	if strings.Contains(err.Error(), "access disabled to EC2 IMDS") {
 		return ReasonIMDSDisabled, "the metadata client is disabled by AWS_EC2_METADATA_DISABLED=true in the agent's environment; unset it to see AWS events"
 	}
-	var te *tokenError
-	if errors.As(err, &te) {
-		code := te.Status
+	if text, code, ok := tokenFailure(err); ok {
 		switch {
 		case code == http.StatusForbidden:
 			return ReasonIMDSDisabled, fmt.Sprintf("the metadata service at %s refused a session token (403): the instance's metadata endpoint is disabled; "+
@@ -437,13 +479,13 @@ func classify(err error, status int, endpoint string) (reason, msg string) {
 				"nodevigil reads IMDSv2 only: remove the proxy or let the agent reach 169.254.169.254 directly (hostNetwork: true), with HttpTokens required or optional", endpoint, code)
 		case code != 0:
 			return ReasonIMDSError, fmt.Sprintf("the metadata service at %s answered the session token request with %d; retrying with backoff", endpoint, code)
-		case te.Sent:
+		case strings.Contains(text, "awaiting response headers") || (strings.Contains(text, "deadline exceeded") && !strings.Contains(text, "dial")):
 			// Connected and sent, no answer: the reply was dropped on the way back.
 			return ReasonIMDSHopLimit, fmt.Sprintf("the metadata service at %s took the session token request but its answer never arrived: "+
 				"the response hop limit (HttpPutResponseHopLimit=1) is too low for a pod in its own network namespace; %s", endpoint, fixNetwork)
 		}
 		return ReasonIMDSUnreachable, fmt.Sprintf("the metadata service at %s could not be reached (%s): not on EC2, or blocked by a network policy or iptables rule; "+
-			"on EC2, %s; off EC2 AWS events are simply not observed", endpoint, rootCause(te.Err), fixNetwork)
+			"on EC2, %s; off EC2 AWS events are simply not observed", endpoint, lastPart(text), fixNetwork)
 	}
 	if status == http.StatusUnauthorized {
 		return ReasonIMDSError, "the metadata service rejected the session token (401); a new token is fetched on the next poll"
@@ -456,6 +498,14 @@ func classify(err error, status int, endpoint string) (reason, msg string) {
 		return ReasonIMDSUnreachable, fmt.Sprintf("the metadata service at %s did not answer in time (%s); retrying with backoff", endpoint, rootCause(err))
 	}
 	return ReasonIMDSUnreachable, fmt.Sprintf("the metadata service at %s could not be read (%s); retrying with backoff", endpoint, rootCause(err))
+}
+
+// lastPart is the end of an SDK error text, after its operation prefixes.
+func lastPart(s string) string {
+	if i := strings.LastIndex(s, ": "); i >= 0 && i+2 < len(s) {
+		return s[i+2:]
+	}
+	return s
 }
 
 // rootCause is the innermost error's text, without the SDK's operation prefixes.

@@ -137,6 +137,9 @@ type Config struct {
 	ResyncPeriod time.Duration
 	// Workers is how many nodes are reconciled concurrently. Default 4.
 	Workers int
+	// FirstReadyRate is how many first-ready annotations per second the background writer
+	// sends (firstready.go). Default DefaultFirstReadyRate.
+	FirstReadyRate float64
 	// ObservePeriod is how long a new leader watches before judging anything stale. Default
 	// the agent Lease duration plus its grace (decide.StaleAfter): the moment a Lease this
 	// leader saw at its start and never again would go stale.
@@ -228,6 +231,11 @@ type Controller struct {
 
 	// intr is the interruption handling's own state (interruptions_trust.go).
 	intr *interruptionState
+	// readyMem, firstReadyQueue and firstReadyLimiter keep the first-ready record
+	// (firstready.go).
+	readyMem          readyMemory
+	firstReadyQueue   workqueue.TypedDelayingInterface[string]
+	firstReadyLimiter *rate.Limiter
 
 	gateMu       sync.Mutex
 	census       *census
@@ -277,6 +285,9 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.DrainRetryInterval, DefaultDrainRetryInterval)
 	setDefault(&cfg.BlockedRecheck, DefaultBlockedRecheck)
 	setDefault(&cfg.ScheduledEventsInterval, DefaultScheduledEventsInterval)
+	if cfg.FirstReadyRate <= 0 {
+		cfg.FirstReadyRate = DefaultFirstReadyRate
+	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
@@ -326,6 +337,9 @@ func New(cfg Config) (*Controller, error) {
 		workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Clock: cfg.Clock},
 	)
+	c.readyMem.at = map[string]time.Time{}
+	c.firstReadyQueue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Clock: cfg.Clock})
+	c.firstReadyLimiter = rate.NewLimiter(rate.Limit(cfg.FirstReadyRate), DefaultFirstReadyBurst)
 
 	if err := c.setupInformers(); err != nil {
 		return nil, err
@@ -567,8 +581,14 @@ func (c *Controller) lead(ctx context.Context) {
 			}
 		}
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.runFirstReadyWriter(ctx)
+	}()
 	<-ctx.Done()
 	c.queue.ShutDown()
+	c.firstReadyQueue.ShutDown()
 	wg.Wait()
 	c.log.Info("stopped acting")
 }

@@ -137,6 +137,7 @@ func (e *env) terminatedOnce(n *simNode, timeout time.Duration) {
 // Lease renews and Ready stays True: two signals are needed, so the kubelet toleration never
 // starts. A silent node in the same pool is terminated meanwhile (the positive control).
 func TestAgentConditionAloneNeverTerminates(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	restarted, silent := e.addNode("us-east-1a"), e.addNode("us-east-1a")
 	others := []*simNode{e.addNode("us-east-1a"), e.addNode("us-east-1a")}
@@ -172,6 +173,7 @@ func TestAgentConditionAloneNeverTerminates(t *testing.T) {
 // Item 2: node clocks 10 minutes ahead and behind change nothing while the Leases renew; when
 // they stop renewing, each node is terminated exactly once, whatever renewTime claims.
 func TestClockSkewNeverMatters(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	skewed := func(d time.Duration) func(*simNode) { return func(n *simNode) { n.skew = d } }
 	ahead := e.addNode("us-east-1a", skewed(10*time.Minute))
@@ -203,6 +205,7 @@ func TestClockSkewNeverMatters(t *testing.T) {
 // after a failed check) is past startup for good: no StartupDeadlineExceeded, however old it
 // is. A node that never shed the taint is replaced at its deadline (the positive control).
 func TestStartupTaintBackOnReadyNodeIsNoStartupFailure(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const deadline = 6 * time.Second
 	policy := strings.Replace(terminatePolicy, "startupDeadline: 10m", "startupDeadline: "+deadline.String(), 1)
@@ -240,6 +243,7 @@ func TestStartupTaintBackOnReadyNodeIsNoStartupFailure(t *testing.T) {
 // a node whose kubelet went silent nor one that kept its startup taint — instead of falling
 // back to single-signal remediation.
 func TestNoAgentLeasesIsLoudAndTerminatesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const (
 		deadline   = 5 * time.Second

@@ -1,11 +1,20 @@
 // Package remediator_test runs real nodevigil-remediator processes against a real control
 // plane (with the node lifecycle controller and garbage collector running) and the EC2
 // emulator, with simulated kubelets and agents renewing their Leases from the test.
+//
+// Every test has a control plane, an emulator and remediators of its own (newEnv), so the tests
+// run in parallel: a remediator watches every Node of its cluster — and must, since a pause
+// counts the whole cluster and a node no policy selects any more is handed back — so two tests
+// sharing one cluster would act on each other's nodes. The tests mostly wait on tolerations;
+// how many run at once is -parallel (defaultParallel unless given), each control plane costing
+// about 400 MB.
 package remediator_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,9 +37,18 @@ import (
 )
 
 var (
-	cp            *controlplane.ControlPlane
+	planeBins     controlplane.Binaries
 	remediatorBin string
 )
+
+// defaultParallel is how many tests run at once when -parallel is not given: the tests mostly
+// wait (tolerations, lease expiry, a throttling storm), so more than GOMAXPROCS (go test's
+// default) pays off even on 2 cores; each one runs etcd, kube-apiserver and
+// kube-controller-manager (~400 MB together).
+const defaultParallel = 4
+
+// planeStarts bounds how many control planes start at once.
+var planeStarts = make(chan struct{}, 2)
 
 const (
 	clusterTag     = "kubernetes.io/cluster/itest"
@@ -43,13 +61,26 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	bin, cleanup, err := testbin.BuildTemp(context.Background(), "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", fmt.Sprint(defaultParallel))
+	}
+	ctx := context.Background()
+	bins, err := controlplane.FindOrBuild(ctx, controlplane.BuildConfig{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	planeBins = bins
+	bin, cleanup, err := testbin.BuildTemp(ctx, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	remediatorBin = bin
-	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
+	code := m.Run()
 	cleanup()
 	os.Exit(code)
 }
@@ -58,6 +89,7 @@ func TestMain(m *testing.M) {
 // value, an EC2 emulator, simulated nodes and remediator replicas.
 type env struct {
 	t        *testing.T
+	cp       *controlplane.ControlPlane
 	client   kubernetes.Interface
 	ns       string
 	pool     string
@@ -75,6 +107,22 @@ type replica struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	// Starting kube-apiserver is the heaviest moment of a test (its bootstrap controllers);
+	// at most two start at once, with room for a loaded machine.
+	planeStarts <- struct{}{}
+	cp, err := controlplane.Start(t.Context(), controlplane.Config{Binaries: planeBins, Progress: io.Discard, StartTimeout: 3 * time.Minute})
+	<-planeStarts
+	if err != nil {
+		t.Fatalf("start the control plane: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kube-apiserver log:\n%s", cp.LogTail("kube-apiserver", 20))
+		}
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stop the control plane: %v", err)
+		}
+	})
 	c, err := cp.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +136,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { emu.Close() })
-	return &env{t: t, client: c, ns: ns, pool: ns, emu: emu, nodes: map[string]*simNode{}}
+	return &env{t: t, cp: cp, client: c, ns: ns, pool: ns, emu: emu, nodes: map[string]*simNode{}}
 }
 
 // config writes a RemediatorConfig whose first policy selects this test's pool; every other
@@ -139,7 +187,7 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	addr := l.Addr().String()
 	l.Close()
 	p, err := testbin.Start(name, remediatorBin, append([]string{
-		"--kubeconfig", cp.KubeconfigPath(),
+		"--kubeconfig", e.cp.KubeconfigPath(),
 		"--namespace", e.ns,
 		"--config", configPath,
 		"--listen-address", addr,
@@ -358,6 +406,7 @@ maxUnhealthy: 50%
 maxInFlight: 2`
 
 func TestSilentNodeIsTerminatedAfterToleration(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a, b, c := e.addNode("us-east-1a"), e.addNode("us-east-1a"), e.addNode("us-east-1b")
 	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
@@ -395,6 +444,7 @@ func TestSilentNodeIsTerminatedAfterToleration(t *testing.T) {
 }
 
 func TestAgentSilentAloneNeverTerminates(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.addNode("us-east-1a")
 	e.addNode("us-east-1a")
@@ -413,6 +463,7 @@ func TestAgentSilentAloneNeverTerminates(t *testing.T) {
 }
 
 func TestMaxUnhealthyBlocksMassSilence(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var nodes []*simNode
 	for range 4 {
@@ -486,6 +537,7 @@ func (e *env) waitState(n *simNode, state string, timeout time.Duration) {
 }
 
 func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.addNode("us-east-1a")
 	e.addNode("us-east-1a")
@@ -521,6 +573,7 @@ func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
 }
 
 func TestLeaderKilledMidRemediationResumesExactlyOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.addNode("us-east-1a")
 	e.addNode("us-east-1a")
@@ -570,6 +623,7 @@ func TestLeaderKilledMidRemediationResumesExactlyOnce(t *testing.T) {
 }
 
 func TestDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.addNode("us-east-1a")
 	e.addNode("us-east-1a")
@@ -597,6 +651,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 }
 
 func TestRecoveringNodeIsReleased(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.addNode("us-east-1a")
 	e.addNode("us-east-1a")

@@ -132,8 +132,10 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 
 	var cloud remediation.Cloud
 	var events remediation.ScheduledEventSource
-	if !rc.DryRun {
-		// Dry-run never calls EC2, so shadow mode needs no AWS access at all.
+	if !rc.DryRun || o.clusterTagKey != "" {
+		// Dry-run describes instances (read-only) to record "would be Blocked" for instances
+		// that are not the cluster's; it needs --cluster-tag-key for that, and without it
+		// shadow mode needs no AWS access at all.
 		c, err := ec2.New(ctx, ec2.Config{
 			Region:        o.awsRegion,
 			Endpoint:      o.ec2Endpoint,
@@ -151,9 +153,13 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 			return fmt.Errorf("build EC2 batcher: %w", err)
 		}
 		cloud = ec2Cloud{client: c, batcher: b}
-		if o.eventsInterval > 0 {
+		if o.eventsInterval > 0 && !rc.DryRun {
 			events = ec2Events{client: c, limiter: rate.NewLimiter(scheduledEventsQPS, scheduledEventsBurst)}
 		}
+	}
+	if rc.DryRun {
+		// Dry-run never terminates; the wrapper makes sure of it.
+		cloud = remediation.DescribeOnly(cloud)
 	}
 
 	ctrl, err := remediation.New(remediation.Config{
@@ -203,6 +209,15 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		defer cancel()
 		_ = srv.Shutdown(shutdownCtx)
 	}()
+
+	if o.pprofAddress != "" {
+		psrv, addr, err := servePprof(o.pprofAddress)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = psrv.Close() }()
+		log.Info("serving profiles", "address", addr.String())
+	}
 
 	policies := make([]string, 0, len(rc.Policies))
 	for _, p := range rc.Policies {

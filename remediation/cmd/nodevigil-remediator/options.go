@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -44,6 +45,7 @@ type options struct {
 	confirmDelay   time.Duration
 	kubeletLeaseNS string
 	eventsInterval time.Duration
+	pprofAddress   string
 }
 
 // parseOptions parses args. Every error names the flag and says what is wanted.
@@ -81,7 +83,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		}
 		return nil
 	})
-	fs.StringVar(&o.clusterTagKey, "cluster-tag-key", "", "EC2 tag key marking the cluster's instances, e.g. kubernetes.io/cluster/<name>; required unless dry-run")
+	fs.StringVar(&o.clusterTagKey, "cluster-tag-key", "", "EC2 tag key marking the cluster's instances, e.g. kubernetes.io/cluster/<name>; required unless dry-run, where it makes dry-run describe instances (read-only) to report those it would leave Blocked")
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 50, "API server request rate limit (Node patches, drains; Events have their own limit)")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "API server request burst: a zone failing at once needs ~3 patches per node at the same moment")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", remediation.DefaultResyncPeriod, "every node is reconsidered at least this often")
@@ -91,6 +93,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.confirmDelay, "termination-confirm-delay", remediation.DefaultTerminationConfirmDelay, "how long after a termination request EC2's NotFound counts as proof the instance is gone")
 	fs.StringVar(&o.kubeletLeaseNS, "kubelet-lease-namespace", remediation.DefaultKubeletLeaseNamespace, "namespace of the kubelets' Leases")
 	fs.DurationVar(&o.eventsInterval, "scheduled-events-interval", remediation.DefaultScheduledEventsInterval, "how often the leader lists the scheduled events of the nodes' instances (DescribeInstanceStatus, one call per 100 instances), so nodes without an agent get interruption decisions too; 0 turns the poll off (agents' reports only); dry-run never polls")
+	fs.StringVar(&o.pprofAddress, "pprof-address", "", "loopback address (e.g. 127.0.0.1:6060) serving Go's /debug/pprof/ profiles over plain HTTP; empty (the default) serves none. Loopback only: reach it with kubectl port-forward")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -110,6 +113,11 @@ func (o *options) validate() error {
 	}
 	if o.listenAddress == "" {
 		fail("listen-address", "must not be empty; the probes and metrics are served there (e.g. :9737)")
+	}
+	if o.pprofAddress != "" {
+		if err := loopbackAddress(o.pprofAddress); err != nil {
+			fail("pprof-address", "%v; profiles show the remediator's internals, so they are served on loopback only (e.g. 127.0.0.1:6060, reached with kubectl port-forward), or leave the flag out", err)
+		}
 	}
 	if (o.metricsTLSCert == "") != (o.metricsTLSKey == "") {
 		fail("metrics-tls-cert-file", "--metrics-tls-cert-file and --metrics-tls-key-file must be set together")
@@ -206,3 +214,18 @@ func (b *optionalBool) Set(s string) error {
 
 // IsBoolFlag lets --dry-run be given without a value.
 func (b *optionalBool) IsBoolFlag() bool { return true }
+
+// loopbackAddress checks that addr is host:port with a loopback host (an IP or localhost).
+func loopbackAddress(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%q is not a loopback address", addr)
+}

@@ -229,13 +229,13 @@ type Controller struct {
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
 
-	// intr is the interruption handling's own state (interruptions_trust.go).
-	intr *interruptionState
 	// readyMem, firstReadyQueue and firstReadyLimiter keep the first-ready record
 	// (firstready.go).
 	readyMem          readyMemory
 	firstReadyQueue   workqueue.TypedDelayingInterface[string]
 	firstReadyLimiter *rate.Limiter
+	// intr is the interruption handling's own state (interruptions_trust.go).
+	intr *interruptionState
 
 	gateMu       sync.Mutex
 	census       *census
@@ -284,10 +284,10 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.BlockedRequeue, DefaultBlockedRequeue)
 	setDefault(&cfg.DrainRetryInterval, DefaultDrainRetryInterval)
 	setDefault(&cfg.BlockedRecheck, DefaultBlockedRecheck)
-	setDefault(&cfg.ScheduledEventsInterval, DefaultScheduledEventsInterval)
 	if cfg.FirstReadyRate <= 0 {
 		cfg.FirstReadyRate = DefaultFirstReadyRate
 	}
+	setDefault(&cfg.ScheduledEventsInterval, DefaultScheduledEventsInterval)
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}

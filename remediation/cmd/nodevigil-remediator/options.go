@@ -44,8 +44,8 @@ type options struct {
 	slogLevel      slog.Level
 	confirmDelay   time.Duration
 	kubeletLeaseNS string
-	eventsInterval time.Duration
 	pprofAddress   string
+	eventsInterval time.Duration
 }
 
 // parseOptions parses args. Every error names the flag and says what is wanted.
@@ -92,8 +92,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.confirmDelay, "termination-confirm-delay", remediation.DefaultTerminationConfirmDelay, "how long after a termination request EC2's NotFound counts as proof the instance is gone")
 	fs.StringVar(&o.kubeletLeaseNS, "kubelet-lease-namespace", remediation.DefaultKubeletLeaseNamespace, "namespace of the kubelets' Leases")
-	fs.DurationVar(&o.eventsInterval, "scheduled-events-interval", remediation.DefaultScheduledEventsInterval, "how often the leader lists the scheduled events of the nodes' instances (DescribeInstanceStatus, one call per 100 instances), so nodes without an agent get interruption decisions too; 0 turns the poll off (agents' reports only); dry-run never polls")
 	fs.StringVar(&o.pprofAddress, "pprof-address", "", "loopback address (e.g. 127.0.0.1:6060) serving Go's /debug/pprof/ profiles over plain HTTP; empty (the default) serves none. Loopback only: reach it with kubectl port-forward")
+	fs.DurationVar(&o.eventsInterval, "scheduled-events-interval", remediation.DefaultScheduledEventsInterval, "how often the leader lists the scheduled events of the nodes' instances (DescribeInstanceStatus, one call per 100 instances), so nodes without an agent get interruption decisions too; 0 turns the poll off (agents' reports only); dry-run never polls")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

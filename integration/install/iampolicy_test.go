@@ -175,12 +175,14 @@ func TestIAMPolicy(t *testing.T) {
 				actions = append(actions, strs(s.Action)...)
 			}
 			slices.Sort(actions)
-			if !slices.Equal(actions, []string{"ec2:DescribeInstances", "ec2:TerminateInstances"}) {
-				t.Errorf("policy allows %v, want exactly DescribeInstances and TerminateInstances", actions)
+			if !slices.Equal(actions, []string{"ec2:DescribeInstanceStatus", "ec2:DescribeInstances", "ec2:TerminateInstances"}) {
+				t.Errorf("policy allows %v, want exactly DescribeInstances, DescribeInstanceStatus (the scheduled events poll) and TerminateInstances", actions)
 			}
 			arn := "arn:" + tc.partition + ":ec2:us-east-1:123456789012:instance/" + id
-			if !allows(pol.Statement, "ec2:DescribeInstances", "*", nil) {
-				t.Error("DescribeInstances is not allowed on *")
+			for _, a := range []string{"ec2:DescribeInstances", "ec2:DescribeInstanceStatus"} {
+				if !allows(pol.Statement, a, "*", nil) {
+					t.Errorf("%s is not allowed on *", a)
+				}
 			}
 			for _, tags := range tc.allowed {
 				if !allows(pol.Statement, "ec2:TerminateInstances", arn, tags) {

@@ -133,7 +133,7 @@ readiness taints like ours, excepted), and so are the taints of the autoscalers 
 {{- if and (hasKey .Values.remediator.podDisruptionBudget "minAvailable") (hasKey .Values.remediator.podDisruptionBudget "maxUnavailable") -}}
 {{- fail "remediator.podDisruptionBudget: set maxUnavailable or minAvailable, not both (maxUnavailable: 1 is the default and never blocks a node drain; set maxUnavailable: null to use minAvailable)" -}}
 {{- end -}}
-{{- range $k := list "apiVersion" "kind" "namespace" "hostRoot" "listenAddress" "ownedTaints" "kubeletRepair" "kubeletUnit" "cniConfDir" "cniBinDir" "cniPreset" "missingOwnedTaintIsUnhealthy" "logLevel" "logFormat" -}}
+{{- range $k := list "apiVersion" "kind" "namespace" "hostRoot" "listenAddress" "ownedTaints" "kubeletRepair" "kubeletUnit" "cniConfDir" "cniBinDir" "cniPreset" "missingOwnedTaintIsUnhealthy" "logLevel" "logFormat" "imds" -}}
 {{- if hasKey $.Values.agent.config $k -}}
 {{- fail (printf "agent.config.%s is set by the chart; use the agent value of the same meaning (see values.yaml) instead" $k) -}}
 {{- end -}}

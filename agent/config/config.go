@@ -216,12 +216,12 @@ type IMDSConfig struct {
 	// Endpoint overrides the metadata service's URL (default the SDK's:
 	// $AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254). Flag --imds-endpoint.
 	Endpoint string `json:"endpoint,omitempty"`
-	// SpotInterval is how often the spot paths are read (default 2s).
+	// SpotInterval is how often the spot paths are read (default 5s, as AWS recommends).
 	SpotInterval metav1.Duration `json:"spotInterval,omitempty"`
 	// EventInterval is how often scheduled events and the ASG lifecycle state are read
 	// (default 1m).
 	EventInterval metav1.Duration `json:"eventInterval,omitempty"`
-	// Timeout bounds one read, session token included (default 2s).
+	// Timeout bounds one read, session token included (default 5s, as AWS recommends).
 	Timeout metav1.Duration `json:"timeout,omitempty"`
 	// MaxBackoff caps the retry delay while the service cannot be read (default 5m).
 	MaxBackoff metav1.Duration `json:"maxBackoff,omitempty"`

@@ -137,6 +137,9 @@ type Config struct {
 	ResyncPeriod time.Duration
 	// Workers is how many nodes are reconciled concurrently. Default 4.
 	Workers int
+	// FirstReadyRate is how many first-ready annotations per second the background writer
+	// sends (firstready.go). Default DefaultFirstReadyRate.
+	FirstReadyRate float64
 	// ObservePeriod is how long a new leader watches before judging anything stale. Default
 	// the agent Lease duration plus its grace (decide.StaleAfter): the moment a Lease this
 	// leader saw at its start and never again would go stale.
@@ -219,6 +222,12 @@ type Controller struct {
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
 
+	// readyMem, firstReadyQueue and firstReadyLimiter keep the first-ready record
+	// (firstready.go).
+	readyMem          readyMemory
+	firstReadyQueue   workqueue.TypedDelayingInterface[string]
+	firstReadyLimiter *rate.Limiter
+
 	gateMu       sync.Mutex
 	census       *census
 	reservations map[string]reservation
@@ -266,6 +275,9 @@ func New(cfg Config) (*Controller, error) {
 	setDefault(&cfg.BlockedRequeue, DefaultBlockedRequeue)
 	setDefault(&cfg.DrainRetryInterval, DefaultDrainRetryInterval)
 	setDefault(&cfg.BlockedRecheck, DefaultBlockedRecheck)
+	if cfg.FirstReadyRate <= 0 {
+		cfg.FirstReadyRate = DefaultFirstReadyRate
+	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
@@ -312,6 +324,9 @@ func New(cfg Config) (*Controller, error) {
 		workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Clock: cfg.Clock},
 	)
+	c.readyMem.at = map[string]time.Time{}
+	c.firstReadyQueue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Clock: cfg.Clock})
+	c.firstReadyLimiter = rate.NewLimiter(rate.Limit(cfg.FirstReadyRate), DefaultFirstReadyBurst)
 
 	if err := c.setupInformers(); err != nil {
 		return nil, err
@@ -546,8 +561,14 @@ func (c *Controller) lead(ctx context.Context) {
 			}
 		}
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.runFirstReadyWriter(ctx)
+	}()
 	<-ctx.Done()
 	c.queue.ShutDown()
+	c.firstReadyQueue.ShutDown()
 	wg.Wait()
 	c.log.Info("stopped acting")
 }

@@ -54,6 +54,7 @@ func (c *Controller) forget(name string) {
 	c.mu.Lock()
 	delete(c.memory, name)
 	c.mu.Unlock()
+	c.readyMem.forget(name)
 	c.gateMu.Lock()
 	delete(c.reservations, name)
 	c.gateMu.Unlock()
@@ -69,6 +70,7 @@ func (c *Controller) input(node *corev1.Node, p *config.Policy, now time.Time) d
 		ObservePeriod:      c.observe,
 		AgentLeaseDuration: c.rc.AgentLeaseDuration,
 		NoAgents:           c.agentObs.size() == 0,
+		SeenReadyAt:        c.readyMem.seen(node.Name),
 	}
 	if l, err := c.kubeletLeases.Get(node.Name); err == nil {
 		in.KubeletLease = l
@@ -95,10 +97,8 @@ func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, 
 	p := c.rc.PolicyFor(node.Labels)
 	d := decide.Decide(c.input(node, p, now))
 	c.report(node, p, d, now)
-	if d.RecordFirstReady && c.leading.Load() {
-		if err := c.recordFirstReady(ctx, node, now); err != nil {
-			return 0, err
-		}
+	if err := c.noteFirstReady(ctx, node, d, now); err != nil {
+		return 0, err
 	}
 
 	switch d.Action {

@@ -207,6 +207,8 @@ func (h *harness) react(action k8stesting.Action) (bool, runtime.Object, error) 
 			h.step("patch " + a.Name + " intent")
 		} else if _, ok := body.Metadata.Annotations[decide.AnnotationDryRunDecision]; ok {
 			h.step("patch " + a.Name + " dry-run")
+		} else if _, ok := body.Metadata.Annotations[decide.AnnotationFirstReady]; ok {
+			h.step("patch " + a.Name + " first-ready")
 		} else {
 			h.step("patch " + a.Name + " other")
 		}

@@ -3,7 +3,6 @@ package remediation
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -12,10 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	"k8s.io/client-go/tools/cache"
@@ -398,27 +395,6 @@ func (c *Controller) checkAgents(now time.Time) {
 		return
 	}
 	c.log.Info("agent leases seen", "agent_namespace", c.rc.AgentNamespace, "leases", c.agentObs.size())
-}
-
-// recordFirstReady writes the first-ready annotation on a node decide saw ready for the first
-// time. It is bookkeeping, not remediation (dry-run records it too, so that going live later
-// does not treat every node as never ready), and written once: a node that carries it is never
-// patched again. The patch carries no resourceVersion: only this annotation changes.
-func (c *Controller) recordFirstReady(ctx context.Context, node *corev1.Node, now time.Time) error {
-	if decide.FirstReady(node) {
-		return nil
-	}
-	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		decide.AnnotationFirstReady: now.UTC().Format(time.RFC3339),
-	}}})
-	if err != nil {
-		return fmt.Errorf("encode first-ready patch: %w", err)
-	}
-	if _, err := c.client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: Component}); err != nil {
-		return fmt.Errorf("record first ready on node %s: %w", node.Name, err)
-	}
-	c.log.Debug("node first ready", "node", node.Name)
-	return nil
 }
 
 // readyzDetail is the warning /readyz adds to its body, or "".

@@ -92,7 +92,9 @@ func (c *Controller) computeCensus(now time.Time) *census {
 	}
 	for _, n := range nodes {
 		p := c.rc.PolicyFor(n.Labels)
-		d := decide.Decide(c.input(n, p, now))
+		in := c.input(n, p, now)
+		in.NoMessage = true
+		d := decide.Decide(in)
 		cs.reasons[d.Reason]++
 		key := c.poolKey(n, p)
 		pc := cs.pools[key]

@@ -22,7 +22,8 @@ type Fault struct {
 
 // Faults lists every fault the fleet can inject.
 var Faults = []Fault{
-	{Name: "kubelet-oom", Does: "the kubelet is OOM-killed and stays dead: /healthz fails, its Lease and status stop; the agent lives"},
+	{Name: "kubelet-oom", Does: "the kubelet is OOM-killed and systemd gives up on it: /healthz fails, its Lease and status stop; the agent lives (and, on real-agent nodes, restarts it)"},
+	{Name: "kubelet-dead", Does: "the kubelet is OOM-killed and dies again at every restart: local repair cannot help; the agent lives"},
 	{Name: "node-silent", Does: "the whole machine goes silent: kubelet and agent stop at once"},
 	{Name: "agent-crash", Does: "only the agent dies; the kubelet keeps posting status"},
 	{Name: "cni-break", RealOnly: true, Does: "the CNI conflist disappears from /etc/cni/net.d"},
@@ -71,9 +72,15 @@ func (f *Fleet) Inject(ctx context.Context, kind, target string) error {
 	}
 	var err error
 	switch kind {
-	case "kubelet-oom":
+	case "kubelet-oom", "kubelet-dead":
+		n.mu.Lock()
+		n.broken = kind == "kubelet-dead"
+		n.mu.Unlock()
 		n.setKubelet(false)
 		err = f.setKwok(ctx, n, false)
+		if n.systemd != nil {
+			n.systemd.Fail("oom-kill")
+		}
 	case "node-silent":
 		err = f.silence(ctx, n)
 	case "agent-crash":
@@ -110,6 +117,12 @@ func (f *Fleet) Heal(ctx context.Context, target string) error {
 		return fmt.Errorf("no live node or zone %q; nodes: %s", target, strings.Join(f.nodeNames(false), ", "))
 	}
 	for _, n := range nodes {
+		n.mu.Lock()
+		n.broken = false
+		n.mu.Unlock()
+		if n.systemd != nil {
+			n.systemd.Running()
+		}
 		n.setKubelet(true)
 		if err := f.setKwok(ctx, n, true); err != nil {
 			return err

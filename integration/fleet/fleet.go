@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
+	"github.com/nodevigil/nodevigil/integration/fakesystemd"
 )
 
 // Labels, annotations and taints the fleet puts on its Nodes.
@@ -114,6 +115,11 @@ type Config struct {
 	HostFixtures string
 	// Logger receives the fleet's own story (joins, faults, replacements). Default slog.Default().
 	Logger *slog.Logger
+	// LocalRepair gives every real agent a system bus (a dbus-daemon with a systemd stand-in
+	// for its kubelet unit, package fakesystemd) and turns its local kubelet repair on, so a
+	// kubelet-oom is restarted by the agent before the remediator's toleration runs out.
+	// Needs dbus-daemon on the machine.
+	LocalRepair bool
 }
 
 func (c *Config) defaults() error {
@@ -171,7 +177,9 @@ func (c *Config) defaults() error {
 		}
 		c.HostFixtures = filepath.Join(filepath.Dir(file), "..", "..", "collectors", "kubelet", "testdata", "hosts")
 	}
-	if c.Dir == "" {
+	if c.Dir == "" || (c.LocalRepair && len(filepath.Join(c.Dir, longestNodeName, fakesystemd.SocketPath)) > maxSocketPath) {
+		// A host root deeper than this could not hold its system bus's socket (a unix socket
+		// path is at most 107 bytes).
 		d, err := os.MkdirTemp("", "nodevigil-fleet-")
 		if err != nil {
 			return fmt.Errorf("fleet: create host-root directory: %w", err)
@@ -180,6 +188,11 @@ func (c *Config) defaults() error {
 	}
 	return nil
 }
+
+// longestNodeName stands for a node name when checking that host roots are short enough.
+const longestNodeName = "a-pool-name-of-twenty-a-1000"
+
+const maxSocketPath = 107
 
 // Fleet is a running simulated fleet.
 type Fleet struct {
@@ -258,6 +271,7 @@ func (f *Fleet) Stop() {
 	f.mu.Unlock()
 	for _, n := range nodes {
 		n.stopAgent()
+		n.stopSystemd()
 	}
 	if f.kwok != nil {
 		f.kwok.stop(10 * time.Second)
@@ -349,6 +363,16 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool,
 		if err := n.setupHost(); err != nil {
 			return nil, err
 		}
+		if n.imds, err = f.cfg.EC2.StartIMDS(id); err != nil {
+			return nil, fmt.Errorf("fleet: metadata service of %s: %w", name, err)
+		}
+		if f.cfg.LocalRepair {
+			sd, err := fakesystemd.Start(fakesystemd.Config{HostRoot: n.hostRoot, OnRestart: n.restartedByAgent})
+			if err != nil {
+				return nil, fmt.Errorf("fleet: system bus of %s: %w", name, err)
+			}
+			n.systemd = sd
+		}
 		if err := n.startAgent(); err != nil {
 			return nil, err
 		}
@@ -436,6 +460,7 @@ func (f *Fleet) retire(n *Node) {
 	f.mu.Unlock()
 	n.setKubelet(false)
 	n.stopAgent()
+	n.stopSystemd()
 }
 
 func (f *Fleet) deleteWhenTerminated(n *Node) {

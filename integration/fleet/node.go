@@ -19,6 +19,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/nodevigil/nodevigil/agent/conditions"
+	"github.com/nodevigil/nodevigil/collectors/cni"
+	kubeletcheck "github.com/nodevigil/nodevigil/collectors/kubelet"
+	"github.com/nodevigil/nodevigil/collectors/memory"
+	"github.com/nodevigil/nodevigil/integration/fakesystemd"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
@@ -48,6 +53,49 @@ type Node struct {
 	kubeletUp bool // the kubelet /healthz answers ok
 	agentUp   bool // the agent runs (real process, or simulated heartbeat)
 	agent     *child
+	// broken says the kubelet dies again at every restart (fault kubelet-dead): local repair
+	// cannot help, only replacement can.
+	broken bool
+	// systemd is the real agent's system bus with its kubelet unit (Config.LocalRepair).
+	systemd *fakesystemd.Systemd
+	// imds is the base URL of the instance's own metadata service in the EC2 emulator, which
+	// the real agent watches for AWS events.
+	imds string
+}
+
+// restartedByAgent is the kubelet unit's restart, asked for by the agent's local repair: the
+// kubelet comes back (kwok resumes its Lease and status, /healthz answers) unless the node is
+// broken.
+func (n *Node) restartedByAgent() bool {
+	n.mu.Lock()
+	broken := n.broken
+	n.mu.Unlock()
+	if broken {
+		n.fleet.cfg.Logger.Info("kubelet restart failed: it dies again at once", "node", n.Name)
+		return false
+	}
+	n.setKubelet(true)
+	if err := n.fleet.setKwok(n.fleet.ctx, n, true); err != nil {
+		n.fleet.cfg.Logger.Warn("kubelet restart: resume kwok failed", "node", n.Name, "err", err)
+		return false
+	}
+	n.fleet.cfg.Logger.Info("kubelet restarted by the agent's local repair", "node", n.Name)
+	return true
+}
+
+// KubeletRestarts counts the restarts of the node's kubelet unit its agent asked systemd for
+// (0 without Config.LocalRepair).
+func (n *Node) KubeletRestarts() int {
+	if n.systemd == nil {
+		return 0
+	}
+	return n.systemd.Restarts()
+}
+
+func (n *Node) stopSystemd() {
+	if n.systemd != nil {
+		_ = n.systemd.Close()
+	}
 }
 
 func (n *Node) kubeletHealthy() bool {
@@ -133,6 +181,12 @@ func (n *Node) startAgent() error {
 		"--log-format", "text",
 		"--log-level", c.AgentLogLevel,
 	}
+	if n.systemd != nil {
+		args = append(args, "--kubelet-repair=true")
+	}
+	if n.imds != "" {
+		args = append(args, "--imds-endpoint", n.imds)
+	}
 	ch, err := n.fleet.startChild("agent "+n.Name, c.AgentBin, args)
 	if err != nil {
 		return err
@@ -165,6 +219,7 @@ func (n *Node) simulateAgent(ctx context.Context) {
 	holder := "nodevigil-agent-" + n.Name
 	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.uid}}
 	taintGone := false
+	var reported *bool // the kubelet health last written as KubeletHealthy, nil before the first write
 	t := time.NewTicker(c.AgentRenewInterval)
 	defer t.Stop()
 	for {
@@ -188,6 +243,11 @@ func (n *Node) simulateAgent(ctx context.Context) {
 				l.Spec.RenewTime = &now
 				_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
 			}
+			if kubelet := n.kubeletHealthy(); reported == nil || *reported != kubelet {
+				if err := n.reportConditions(ctx, kubelet); err == nil {
+					reported = &kubelet
+				}
+			}
 			if !taintGone && time.Since(n.joined) >= c.StabilityWindow && n.kubeletHealthy() {
 				taintGone = n.removeStartupTaint(ctx) == nil
 			}
@@ -198,6 +258,38 @@ func (n *Node) simulateAgent(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// reportConditions writes the agent's own Node conditions as a real agent on a healthy host
+// would, with KubeletHealthy following the simulated kubelet: memory and CNI have nothing to
+// read on a simulated node, so they are reported healthy with a message that says so. Written
+// only on change, like the real agent, so `kubectl nodevigil status` and the remediator see the
+// same kinds of conditions on every node of the fleet.
+func (n *Node) reportConditions(ctx context.Context, kubeletHealthy bool) error {
+	now := metav1.NewTime(time.Now())
+	cond := func(t corev1.NodeConditionType, ok bool, reason, msg string) corev1.NodeCondition {
+		s := corev1.ConditionTrue
+		if !ok {
+			s = corev1.ConditionFalse
+		}
+		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
+	}
+	kubelet := cond(conditions.TypeKubeletHealthy, true, kubeletcheck.ReasonKubeletHealthy, "simulated agent: the simulated kubelet answers /healthz")
+	if !kubeletHealthy {
+		kubelet = cond(conditions.TypeKubeletHealthy, false, kubeletcheck.ReasonKubeletNotRunning,
+			"simulated agent: the simulated kubelet is dead (fault injected); no process, /healthz refuses connections")
+	}
+	conds := []corev1.NodeCondition{
+		cond(conditions.TypeMemoryHealthy, true, memory.ReasonNoMemoryPressure, "simulated agent: no host to read; reported healthy"),
+		kubelet,
+		cond(conditions.TypeNetworkingReady, true, cni.ReasonCNIReady, "simulated agent: no host to read; reported ready"),
+	}
+	body, err := conditions.BuildPatch(conds)
+	if err != nil {
+		return err
+	}
+	_, err = n.fleet.cfg.Client.CoreV1().Nodes().Patch(ctx, n.Name, conditions.PatchType, body, metav1.PatchOptions{}, "status")
+	return err
 }
 
 func (n *Node) removeStartupTaint(ctx context.Context) error {

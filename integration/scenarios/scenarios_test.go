@@ -361,18 +361,49 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// S000: memory grows, the kernel OOM-kills the kubelet and it stays dead. The agent, alive,
-// says so within seconds (KubeletHealthy=False); the remediator sees the kubelet's Lease go
-// stale while the agent's stays fresh (KubeletUnhealthy), waits its toleration, and replaces
-// the node — once; the autoscaler's replacement joins the same pool and zone and its agent
-// removes the startup taint.
+// S000: memory grows and the kernel OOM-kills the kubelet. The agent, alive, says so at once
+// (KubeletHealthy=False, KubeletOOMKilled) and restarts the unit itself (local repair): the
+// kubelet is back before its Lease goes stale and the remediator cordons and terminates
+// nothing, although the agent's condition stays False for minutes (two signals, strictly). When the kubelet dies again at every restart, local repair cannot help: the
+// remediator sees the kubelet's Lease go stale while the agent's stays fresh
+// (KubeletUnhealthy), waits its toleration, and replaces the node — once; the autoscaler's
+// replacement joins the same pool and zone and its agent removes the startup taint.
 func TestS000KubeletOOMKilledNodeIsReplaced(t *testing.T) {
-	w := newWorld(t, "s000", []fleet.PoolSpec{{Name: "s000-general", Size: 3, RealAgents: 1}})
+	w := newWorld(t, "s000", []fleet.PoolSpec{{Name: "s000-general", Size: 3, RealAgents: 1}},
+		func(c *fleet.Config) { c.LocalRepair = true })
 	w.startRemediator("remediator-a")
 	victim := w.node("s000-general", true)
-	injected := time.Now()
-	w.inject("kubelet-oom", victim.Name)
 
+	// Local repair first.
+	oom := time.Now()
+	w.inject("kubelet-oom", victim.Name)
+	w.eventually("the agent reporting KubeletHealthy=False (KubeletOOMKilled)", 15*time.Second, func() bool {
+		c := w.condition(victim.Name, "KubeletHealthy")
+		return c != nil && c.Status == corev1.ConditionFalse && c.Reason == "KubeletOOMKilled"
+	})
+	w.eventually("the agent restarting the kubelet unit", 15*time.Second, func() bool { return victim.KubeletRestarts() > 0 })
+	// The agent keeps KubeletHealthy=False for its OOM-kill memory (10 minutes) although the
+	// kubelet is back: that condition alone must start no clock while the kubelet's Lease is
+	// fresh. Past the moment the Lease would have gone stale plus the whole toleration, the
+	// repaired node is neither judged nor touched.
+	for watch := oom.Add(time.Duration(w.fleet.Config().KubeletLeaseSeconds)*time.Second*5/4 + timings.KubeletUnhealthy + 3*time.Second); time.Now().Before(watch); {
+		if n := w.emu.Terminations(victim.InstanceID); n != 0 {
+			t.Fatalf("%s was terminated %d times although its agent had restarted the kubelet", victim.Name, n)
+		}
+		if h := w.seen.get(victim.Name); h.cordoned || containsString(h.reasons, "KubeletUnhealthy") {
+			t.Fatalf("%s (kubelet restarted locally) was judged %v, cordoned=%v", victim.Name, h.reasons, h.cordoned)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if c := w.condition(victim.Name, "KubeletHealthy"); c == nil || c.Status != corev1.ConditionFalse {
+		t.Errorf("KubeletHealthy %+v after the restart; want it still False (the OOM kill is remembered), the case this half is about", c)
+	}
+	t.Logf("S000: kubelet of %s OOM-killed and restarted by its agent (%d restart), untouched for %s",
+		victim.Name, victim.KubeletRestarts(), time.Since(oom).Round(time.Second))
+
+	// Then a kubelet that local repair cannot bring back.
+	injected := time.Now()
+	w.inject("kubelet-dead", victim.Name)
 	w.eventually("the agent reporting KubeletHealthy=False", 15*time.Second, func() bool {
 		c := w.condition(victim.Name, "KubeletHealthy")
 		return c != nil && c.Status == corev1.ConditionFalse
@@ -427,6 +458,16 @@ func TestS001PerPoolPoliciesDecideWhatADeadNodeMeans(t *testing.T) {
 	})
 	w.startRemediator("remediator-a")
 	general, kafka := w.node("s001-general", false), w.node("s001-kafka", false)
+	// Simulated agents report the agent's conditions as real ones do, so every node of the
+	// fleet reads alike in `kubectl nodevigil status`.
+	for _, n := range []string{general.Name, kafka.Name} {
+		for _, ct := range []string{"MemoryHealthy", "KubeletHealthy", "NetworkingReady"} {
+			w.eventually(n+" (simulated agent) reporting "+ct+"=True", 15*time.Second, func() bool {
+				c := w.condition(n, ct)
+				return c != nil && c.Status == corev1.ConditionTrue
+			})
+		}
+	}
 	w.inject("node-silent", general.Name)
 	w.inject("node-silent", kafka.Name)
 

@@ -44,9 +44,11 @@
 //     Unknown means the agent could not tell, which is never evidence of ill health. A
 //     condition with no LastTransitionTime cannot be measured and is ignored.
 //
-// The startup deadline is for nodes that never became ready. The controller records the first
-// moment it sees a node ready in the nodevigil.io/first-ready-at annotation (Decision
-// RecordFirstReady asks for it); after that a startup taint coming back is no startup failure:
+// The startup deadline is for nodes that never became ready. The controller remembers the first
+// moment it sees a node ready (Decision RecordFirstReady asks for it; Input.SeenReadyAt hands it
+// back) and writes it to the nodevigil.io/first-ready-at annotation, at the latest when the node
+// stops looking ready (Decision PersistFirstReady); after that a startup taint coming back is no
+// startup failure:
 // the node is judged by its heartbeats, Ready and the agent conditions the policy names (the
 // agent re-adds its taint because one of its checks failed, and that check's condition carries
 // the time and the toleration), and the taint is only mentioned in the message.
@@ -167,6 +169,16 @@ type Input struct {
 	ObservePeriod time.Duration
 	// AgentLeaseDuration is used for agent Leases without spec.leaseDurationSeconds.
 	AgentLeaseDuration time.Duration
+	// SeenReadyAt is when this leader first saw the node ready (Ready=True, a fresh kubelet,
+	// no startup taint), from its memory; zero if it has not. It counts as the first-ready
+	// record: the annotation is written lazily (see Decision.PersistFirstReady), and until it
+	// is, the leader's memory is what keeps the startup deadline off a node once ready.
+	SeenReadyAt time.Time
+	// NoMessage skips formatting the Lease parts of Decision.Message and the whole message of a
+	// healthy node, so the message is empty or incomplete; every other field is the same. The safety rails' census judges every node
+	// and reads only the verdict: formatting times and messages for 10,000 healthy nodes was a
+	// quarter of a census pass (docs/benchmarks.md).
+	NoMessage bool
 }
 
 // Decision is the outcome of Decide.
@@ -196,6 +208,12 @@ type Decision struct {
 	// is ready now and was never recorded so: from then on the startup deadline no longer
 	// applies to it.
 	RecordFirstReady bool
+	// PersistFirstReady asks the controller to write AnnotationFirstReady now, with
+	// Input.SeenReadyAt: the node was seen ready by this leader only (not recorded yet) and no
+	// longer looks ready — its startup taint is back, Ready is not True or the kubelet is
+	// silent — which is when the record starts to matter, so it must survive a change of
+	// leader.
+	PersistFirstReady bool
 }
 
 var defaultPolicy = func() *config.Policy {
@@ -205,6 +223,46 @@ var defaultPolicy = func() *config.Policy {
 
 // Decide judges one node. It is pure: the same Input always gives the same Decision.
 func Decide(in Input) Decision {
+	d := decideNode(in)
+	d.PersistFirstReady = persistFirstReady(in)
+	return d
+}
+
+// persistFirstReady reports whether the node is first ready only in the leader's memory and
+// does not look ready now (see Decision.PersistFirstReady).
+func persistFirstReady(in Input) bool {
+	if in.Node == nil || in.SeenReadyAt.IsZero() || FirstReady(in.Node) {
+		return false
+	}
+	p := in.Policy
+	if p == nil {
+		p = defaultPolicy
+	}
+	ready := condition(in.Node, corev1.NodeReady)
+	if ready == nil || ready.Status != corev1.ConditionTrue || startupTaint(in.Node, p.StartupTaints) != "" {
+		return true
+	}
+	brief := in
+	brief.NoMessage = true
+	return kubeletSignal(brief).stale
+}
+
+// firstReady reports whether the node was ready once: recorded on the node, or seen by this
+// leader.
+func firstReady(in Input) bool { return FirstReady(in.Node) || !in.SeenReadyAt.IsZero() }
+
+// firstReadyAt is the first-ready time for messages.
+func firstReadyAt(in Input) string {
+	if v := in.Node.Annotations[AnnotationFirstReady]; v != "" {
+		return v
+	}
+	if in.SeenReadyAt.IsZero() {
+		return "never"
+	}
+	return ts(in.SeenReadyAt)
+}
+
+func decideNode(in Input) Decision {
 	if in.Node == nil {
 		return Decision{Action: ActionNone, Reason: ReasonNodeGone, Message: "node no longer exists"}
 	}
@@ -344,6 +402,10 @@ func leaseSignal(l *coordinationv1.Lease, observed time.Time, fallback time.Dura
 		base = in.Now
 	}
 	exp := base.Add(StaleAfter(dur))
+	s := signal{known: true, stale: !in.Now.Before(exp), at: exp}
+	if in.NoMessage {
+		return s
+	}
 	claim := "none"
 	switch {
 	case l.Spec.RenewTime != nil:
@@ -351,7 +413,6 @@ func leaseSignal(l *coordinationv1.Lease, observed time.Time, fallback time.Dura
 	case l.Spec.AcquireTime != nil:
 		claim = ts(l.Spec.AcquireTime.Time)
 	}
-	s := signal{known: true, stale: !in.Now.Before(exp), at: exp}
 	if s.stale {
 		s.what = fmt.Sprintf("%s lease stale since %s (not seen changing since %s; duration %s + grace %s; its renewTime claims %s)", who, ts(exp), ts(base), dur, LeaseGrace(dur), claim)
 	} else {
@@ -416,7 +477,7 @@ func verdict(in Input) Decision {
 	}
 
 	// The agent is alive, so its conditions are current.
-	firstReady := FirstReady(node)
+	firstReady := firstReady(in)
 	ready := condition(node, corev1.NodeReady)
 	taint := startupTaint(node, in.Policy.StartupTaints)
 	var cands []Decision
@@ -470,7 +531,7 @@ func verdict(in Input) Decision {
 	note := ""
 	switch {
 	case taint != "" && firstReady:
-		note = fmt.Sprintf("; startup taint %s is back on a node first ready at %s: judged by its heartbeats and conditions, not by the startup deadline", taint, node.Annotations[AnnotationFirstReady])
+		note = fmt.Sprintf("; startup taint %s is back on a node first ready at %s: judged by its heartbeats and conditions, not by the startup deadline", taint, firstReadyAt(in))
 	case taint != "":
 		created := node.CreationTimestamp.Time
 		deadline := created.Add(in.Policy.StartupDeadline)
@@ -497,13 +558,16 @@ func verdict(in Input) Decision {
 		next = startupDeadline
 	}
 	if len(cands) == 0 {
-		return Decision{
+		d := Decision{
 			Action:           ActionNone,
 			Reason:           ReasonHealthy,
-			Message:          fmt.Sprintf("%s; %s%s", ag.what, kub.what, note),
 			RequeueAfter:     until(now, next),
 			RecordFirstReady: record,
 		}
+		if !in.NoMessage {
+			d.Message = fmt.Sprintf("%s; %s%s", ag.what, kub.what, note)
+		}
+		return d
 	}
 	best := cands[0]
 	for _, c := range cands[1:] {
@@ -527,7 +591,7 @@ func neverSeen(in Input, kub signal) Decision {
 	ready := condition(node, corev1.NodeReady)
 	readyTrue := ready != nil && ready.Status == corev1.ConditionTrue
 	taint := startupTaint(node, p.StartupTaints)
-	firstReady := FirstReady(node)
+	firstReady := firstReady(in)
 	record := !firstReady && readyTrue && !kub.stale && taint == ""
 	single := p.Liveness == config.LivenessSingleSignal
 
@@ -569,7 +633,7 @@ func neverSeen(in Input, kub signal) Decision {
 			return Decision{
 				Action:       ActionNone,
 				Reason:       ReasonAgentNeverSeen,
-				Message:      fmt.Sprintf("agent never seen, but the node (first ready %s) is Ready and %s: only the agent is missing; never remediated", node.Annotations[AnnotationFirstReady], kub.what),
+				Message:      fmt.Sprintf("agent never seen, but the node (first ready %s) is Ready and %s: only the agent is missing; never remediated", firstReadyAt(in), kub.what),
 				RequeueAfter: until(now, kub.at),
 			}
 		}
@@ -578,7 +642,7 @@ func neverSeen(in Input, kub signal) Decision {
 				Action: ActionNone,
 				Reason: ReasonAgentNeverSeen,
 				Message: fmt.Sprintf("agent never seen and the node (first ready %s) has %s: that is one signal only, and policy %s has liveness TwoSignal; not remediated",
-					node.Annotations[AnnotationFirstReady], strings.Join(evidence, " and "), p.Name),
+					firstReadyAt(in), strings.Join(evidence, " and "), p.Name),
 				RequeueAfter: until(now, kub.at),
 				Since:        since,
 				Silent:       kub.stale,
@@ -587,7 +651,7 @@ func neverSeen(in Input, kub signal) Decision {
 		return due(Decision{
 			Reason: ReasonKubeletUnhealthy,
 			Message: fmt.Sprintf("agent never seen and the node (first ready %s) has %s; policy %s has liveness SingleSignal: singleSignal toleration %s from %s",
-				node.Annotations[AnnotationFirstReady], strings.Join(evidence, " and "), p.Name, p.Tolerations.SingleSignal, ts(since)),
+				firstReadyAt(in), strings.Join(evidence, " and "), p.Name, p.Tolerations.SingleSignal, ts(since)),
 			Since:      since,
 			EligibleAt: since.Add(p.Tolerations.SingleSignal),
 			Unhealthy:  true,

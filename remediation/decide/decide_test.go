@@ -133,6 +133,10 @@ func TestDecide(t *testing.T) {
 		kubeletSeen, agentSeen *time.Duration
 		noAgents               bool
 		record                 bool // want RecordFirstReady
+		// seenReady is when the leader's memory saw the node ready (relative to now; nil:
+		// never); persist wants PersistFirstReady.
+		seenReady *time.Duration
+		persist   bool
 
 		action     Action
 		reason     string
@@ -181,6 +185,24 @@ func TestDecide(t *testing.T) {
 			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "no record while the kubelet is stale", node: node(notRecorded), kubelet: lease(-60 * time.Second), agent: freshAgent,
 			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 40 * time.Second, unhealthy: true, silent: true},
+
+		// The first-ready record is lazy: the leader remembers a node it saw ready
+		// (SeenReadyAt) and judges it as recorded; the annotation is asked for only when the
+		// node stops looking ready, which is when it matters.
+		{name: "seen ready by this leader, still ready: nothing to record or persist", node: node(notRecorded), kubelet: freshKubelet, agent: freshAgent, seenReady: seen(-time.Hour),
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "seen ready, startup taint back on a day-old node: no startup deadline, persist the record", node: node(notRecorded, taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, seenReady: seen(-time.Hour),
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, persist: true, msg: "first ready at 2025-03-01T11:00:00Z"},
+		{name: "seen ready, Ready=False: kubelet toleration as after the record, persist it", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet, agent: freshAgent, seenReady: seen(-time.Hour),
+			action: ActionWait, reason: ReasonKubeletUnhealthy, since: -2 * time.Minute, checkSince: true, unhealthy: true, requeue: 40 * time.Second, persist: true},
+		{name: "seen ready, kubelet stale: persist the record", node: node(notRecorded), kubelet: lease(-60 * time.Second), agent: freshAgent, seenReady: seen(-time.Hour),
+			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 40 * time.Second, unhealthy: true, silent: true, persist: true},
+		{name: "seen ready, both silent: persist the record", node: node(notRecorded), kubelet: lease(-60 * time.Second), agent: lease(-60 * time.Second), seenReady: seen(-time.Hour),
+			action: ActionWait, reason: ReasonNodeSilent, requeue: -1, unhealthy: true, silent: true, persist: true},
+		{name: "recorded on the node: never persisted again", node: node(taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, seenReady: seen(-time.Hour),
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "agent never seen, seen ready, Ready=False: one signal, persist the record", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet, seenReady: seen(-time.Hour),
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: -1, persist: true, msg: "first ready 2025-03-01T11:00:00Z"},
 
 		// Row 2: agent fresh, kubelet down (its Lease stale, or Ready=False once ready).
 		{name: "kubelet lease just stale, agent fresh: wait for kubeletUnhealthy toleration", node: node(), kubelet: lease(-60 * time.Second), agent: freshAgent,
@@ -376,6 +398,9 @@ func TestDecide(t *testing.T) {
 				KubeletObserved: observedAt(tt.kubelet, tt.kubeletSeen), AgentObserved: observedAt(tt.agent, tt.agentSeen),
 				NoAgents: tt.noAgents,
 			}
+			if tt.seenReady != nil {
+				in.SeenReadyAt = at(*tt.seenReady)
+			}
 			d := Decide(in)
 			if d.Action != tt.action || d.Reason != tt.reason {
 				t.Fatalf("Decide = %s/%s (%s), want %s/%s", d.Action, d.Reason, d.Message, tt.action, tt.reason)
@@ -395,6 +420,9 @@ func TestDecide(t *testing.T) {
 			if d.RecordFirstReady != tt.record {
 				t.Errorf("RecordFirstReady = %v, want %v", d.RecordFirstReady, tt.record)
 			}
+			if d.PersistFirstReady != tt.persist {
+				t.Errorf("PersistFirstReady = %v, want %v", d.PersistFirstReady, tt.persist)
+			}
 			if !strings.Contains(d.Message, tt.msg) {
 				t.Errorf("Message %q does not contain %q", d.Message, tt.msg)
 			}
@@ -404,6 +432,14 @@ func TestDecide(t *testing.T) {
 			// Purity: the same input gives the same decision.
 			if again := Decide(in); again != d {
 				t.Errorf("Decide is not deterministic: %+v then %+v", d, again)
+			}
+			// NoMessage (the census) changes nothing but the message.
+			brief := in
+			brief.NoMessage = true
+			bd := Decide(brief)
+			bd.Message, d.Message = "", ""
+			if bd != d {
+				t.Errorf("with NoMessage: %+v, want %+v", bd, d)
 			}
 		})
 	}

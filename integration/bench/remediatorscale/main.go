@@ -49,6 +49,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -89,6 +90,7 @@ type options struct {
 	kubeBurst               int
 	remEnv                  envList
 	countAPI                bool
+	pprofDir                string
 }
 
 // envList is a repeatable KEY=VALUE flag.
@@ -126,6 +128,7 @@ func main() {
 	flag.IntVar(&o.kubeBurst, "kube-api-burst", 0, "remediator --kube-api-burst (0: its default)")
 	flag.BoolVar(&o.countAPI, "count-api", true, "send the remediator through a counting proxy and report its API requests per phase")
 	flag.Var(&o.remEnv, "remediator-env", "KEY=VALUE added to the remediator's environment (repeatable), e.g. GOMEMLIMIT=120MiB or KUBE_FEATURE_WatchListClient=true")
+	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz and after the first judgement of every node, CPU over the silence (stale + toleration + 20 s)")
 	flag.Parse()
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "remediatorscale:", err)
@@ -327,6 +330,31 @@ func run(ctx context.Context, o options) (err error) {
 		tuning = append(tuning, "--kube-api-burst", fmt.Sprint(o.kubeBurst))
 	}
 	args = append(args, tuning...)
+	pprofBase := ""
+	if o.pprofDir != "" {
+		pl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		paddr := pl.Addr().String()
+		pl.Close()
+		pprofBase = "http://" + paddr + "/debug/pprof/"
+		args = append(args, "--pprof-address", paddr)
+		if err := os.MkdirAll(o.pprofDir, 0o755); err != nil {
+			return err
+		}
+	}
+	profile := func(name, query string) {
+		if pprofBase == "" {
+			return
+		}
+		path := filepath.Join(o.pprofDir, name)
+		if err := fetchProfile(ctx, pprofBase+query, path); err != nil {
+			c.logf("profile %s: %v", name, err)
+			return
+		}
+		c.logf("profile written to %s", path)
+	}
 	res.qpsNote = "binary defaults for --workers (4), --kube-api-qps (50), --kube-api-burst (200), --resync-period (5m)"
 	if len(tuning) > 0 {
 		res.qpsNote = strings.Join(tuning, " ") + "; other settings at the binary's defaults (--workers 4, --kube-api-qps 20, --kube-api-burst 40, --resync-period 5m)"
@@ -360,6 +388,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	readyAt := time.Now()
 	res.readyAfter = readyAt.Sub(remStart)
+	profile("heap-ready.pprof", "heap")
 	c.logf("remediator ready (informers synced) after %s", res.readyAfter.Round(time.Millisecond))
 
 	// Phase 2: leader, observing for one agent Lease duration.
@@ -387,6 +416,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	syncEnd := time.Now()
 	res.judgedAfter = syncEnd.Sub(remStart)
+	profile("heap-judged.pprof", "heap")
 	res.phases = append(res.phases, smp.phase("start-up: list, sync, lead, first judgement of every node", remStart, syncEnd))
 	apiSync := snap()
 	if err := sleepWatch(ctx, rem, time.Until(observeEnd.Add(5*time.Second))); err != nil {
@@ -437,6 +467,16 @@ func run(ctx context.Context, o options) (err error) {
 	res.silencedZones = map[string]int{}
 	var mu sync.Mutex
 	silenceStart := time.Now()
+	var profWG sync.WaitGroup
+	defer profWG.Wait()
+	if pprofBase != "" {
+		secs := int((decide.StaleAfter(o.silentLease) + o.toleration + time.Duration(o.batches-1)*o.batchGap + 20*time.Second).Seconds())
+		profWG.Add(1)
+		go func() {
+			defer profWG.Done()
+			profile("cpu-silence.pprof", fmt.Sprintf("profile?seconds=%d", secs))
+		}()
+	}
 	for b := range o.batches {
 		if err := sleepWatch(ctx, rem, time.Until(silenceStart.Add(time.Duration(b)*o.batchGap))); err != nil {
 			return err
@@ -469,6 +509,24 @@ func run(ctx context.Context, o options) (err error) {
 		if e.After(lastExpiry) {
 			lastExpiry = e
 		}
+	}
+	if pprofBase != "" {
+		// Where the workers wait while the silenced nodes are due: goroutine stacks 1 s and
+		// 3 s after the last toleration expired (a CPU profile shows only CPU, and the
+		// remediator spends little of it here).
+		due := lastExpiry.Add(o.toleration)
+		profWG.Add(1)
+		go func() {
+			defer profWG.Done()
+			for i, d := range []time.Duration{time.Second, 3 * time.Second} {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Until(due.Add(d))):
+				}
+				profile(fmt.Sprintf("goroutines-due-%d.txt", i+1), "goroutine?debug=1")
+			}
+		}()
 	}
 	deadline := lastExpiry.Add(o.toleration + 3*time.Minute)
 	c.logf("waiting for %d TerminateInstances (last Lease expiry %s)", len(silenced), lastExpiry.Format(time.TimeOnly))
@@ -788,4 +846,29 @@ func head(s []string) []string {
 		return append(s[:5:5], "…")
 	}
 	return s
+}
+
+// fetchProfile GETs a pprof URL into path.
+func fetchProfile(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -28,14 +29,25 @@ type devFleet struct {
 	addr    string
 	started time.Duration // from `up` starting to every node ready
 	config  string        // the remediator's RemediatorConfig file
+	// restartLeader kills the leader remediator replica (POST /restart-leader); set once the
+	// replicas run.
+	restartLeader func(context.Context) (string, error)
 }
 
 // fleetConfig is the fleet `make run` brings up: the default pools, make run's timings
 // (kubelet Lease 20s, agent Lease 10s), agents quiet unless something is wrong.
 func fleetConfig(cp *controlplane.ControlPlane, emu *ec2emu.Server, agentBin, kwokBin, dir string, term *terminal) fleet.Config {
 	client, _ := cp.Client()
+	// Local kubelet repair needs a system bus per real agent; without dbus-daemon the agents
+	// run without one and S000 shows only its second half (replacement).
+	_, err := exec.LookPath("dbus-daemon")
+	localRepair := err == nil
+	if !localRepair {
+		slog.Warn("dbus-daemon not found: the fleet's real agents run without a system bus, so kubelet-oom is not repaired locally (apt-get install dbus to see local repair)")
+	}
 	return fleet.Config{
-		Client: client, Kubeconfig: cp.KubeconfigPath(), EC2: emu, ClusterTag: devClusterTag,
+		LocalRepair: localRepair,
+		Client:      client, Kubeconfig: cp.KubeconfigPath(), EC2: emu, ClusterTag: devClusterTag,
 		AgentBin: agentBin, KwokBin: kwokBin, AgentNamespace: devNamespace, Dir: dir,
 		Pools: fleet.DefaultPools(""), KubeletLeaseSeconds: 20, AgentLeaseDuration: 10 * time.Second,
 		AgentRenewInterval: 2 * time.Second, CheckInterval: 2 * time.Second, StabilityWindow: 5 * time.Second,
@@ -112,6 +124,19 @@ func (d *devFleet) handler() http.Handler {
 		}
 		fmt.Fprintf(w, "%s healed: kubelet and agent back, host root healthy\n", target)
 	})
+	mux.HandleFunc("POST /restart-leader", func(w http.ResponseWriter, r *http.Request) {
+		if d.restartLeader == nil {
+			http.Error(w, "the remediator replicas are not running yet", http.StatusServiceUnavailable)
+			return
+		}
+		killed, err := d.restartLeader(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "killed %s, the leader (SIGKILL: its Lease is not released); it starts again in %s as a follower\nexpect: %s\n",
+			killed, restartPause, restartLeaderExpectation)
+	})
 	mux.HandleFunc("GET /nodes", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintf(w, "%-18s %-8s %-11s %-20s %s\n", "NODE", "POOL", "ZONE", "INSTANCE", "AGENT")
 		for _, n := range d.fleet.Nodes() {
@@ -131,7 +156,11 @@ func expectation(kind string) string {
 	t := fleet.DevTimings
 	switch kind {
 	case "kubelet-oom":
-		return fmt.Sprintf("KubeletHealthy=False at once (real agents), Ready=Unknown after ~20s; "+
+		return "KubeletHealthy=False (KubeletOOMKilled) within ~2s and a KubeletRestarted Event: the real agent restarts the unit, " +
+			"the kubelet is back before its Lease goes stale, and the remediator touches nothing although the condition stays False for 10 minutes " +
+			"(on a simulated-agent node nothing restarts it: as kubelet-dead)"
+	case "kubelet-dead":
+		return fmt.Sprintf("KubeletHealthy=False at once, local repair fails, Ready=Unknown after ~20s; "+
 			"general: KubeletUnhealthy after ~25s, cordoned %s later, drained (a dead kubelet never confirms its pods gone: the %s drain timeout, then Proceed), "+
 			"terminated ~%s after the fault and a replacement joins; kafka: cordoned only",
 			t.KubeletUnhealthy, t.DrainTimeout, (25*time.Second + t.KubeletUnhealthy + t.DrainTimeout).Round(time.Second))
@@ -153,6 +182,11 @@ func expectation(kind string) string {
 	return ""
 }
 
+// restartLeaderExpectation says what a user sees after fleetctl restart-leader (S003).
+const restartLeaderExpectation = "the other replica takes the Lease within ~8s (its lease duration), watches every node's Leases " +
+	"for one lease duration before judging anything, then resumes any node mid-remediation from the state on the Node: " +
+	"nothing is cordoned twice or terminated twice (kubectl get lease -n " + devNamespace + " nodevigil-remediator shows the holder)"
+
 // instructions is what `make run` prints about the fleet.
 func (d *devFleet) instructions(kubeconfig, plugin string) string {
 	var b strings.Builder
@@ -172,7 +206,7 @@ func (d *devFleet) instructions(kubeconfig, plugin string) string {
 	b.WriteString("  break something (then: " + plugin + " --kubeconfig " + kubeconfig + " -n " + devNamespace + " explain NODE):\n")
 	for _, f := range fleet.Faults {
 		target := simNode
-		if f.RealOnly || f.Name == "kubelet-oom" {
+		if f.RealOnly || f.Name == "kubelet-oom" || f.Name == "kubelet-dead" {
 			target = realNode
 		}
 		if f.Zone {
@@ -180,6 +214,7 @@ func (d *devFleet) instructions(kubeconfig, plugin string) string {
 		}
 		fmt.Fprintf(&b, "    go run ./integration/cmd/fleetctl fault %-15s %s\n        -> %s\n", f.Name, target, expectation(f.Name))
 	}
+	fmt.Fprintf(&b, "    go run ./integration/cmd/fleetctl restart-leader\n        -> %s\n", restartLeaderExpectation)
 	b.WriteString("    go run ./integration/cmd/fleetctl heal NODE|ZONE      undo a fault; fleetctl nodes lists the fleet\n")
 	return b.String()
 }

@@ -74,6 +74,7 @@ func up(ctx context.Context, args []string) error {
 	binDir := fs.String("bin-dir", "bin", "where `make build` put nodevigil-agent and nodevigil-remediator")
 	agentAddr := fs.String("agent-listen", "127.0.0.1:9736", "address of the agent's /metrics, /healthz, /readyz")
 	remAddr := fs.String("remediator-listen", "127.0.0.1:9737", "address of the remediator's /metrics, /healthz, /readyz")
+	remAddrB := fs.String("remediator-b-listen", "127.0.0.1:9739", "address of the second remediator replica's /metrics, /healthz, /readyz (with --fleet)")
 	withFleet := fs.Bool("fleet", true, "also run a simulated fleet (kwok kubelets, real and simulated agents) and the remediator for real against the EC2 emulator")
 	fleetAddr := fs.String("fleet-listen", "127.0.0.1:9738", "address fleetctl talks to (fault injection)")
 	if err := fs.Parse(args); err != nil {
@@ -84,7 +85,7 @@ func up(ctx context.Context, args []string) error {
 			return fmt.Errorf("%s not found in %s: run `make build` first (make run does): %w", b, *binDir, err)
 		}
 	}
-	term := newTerminal(os.Stdout, "control-plane", "devcluster", "ec2-emulator", "nodevigil-agent", "nodevigil-remediator", "fleet", "kwok")
+	term := newTerminal(os.Stdout, "control-plane", "devcluster", "ec2-emulator", "nodevigil-agent", "nodevigil-remediator-a", "fleet", "kwok")
 	own := term.writer("devcluster")
 	defer own.Close()
 	slog.SetDefault(slog.New(slog.NewTextHandler(own, nil)))
@@ -154,14 +155,32 @@ func up(ctx context.Context, args []string) error {
 	}
 	defer stopChild("nodevigil-agent", agent)
 	remArgs := append([]string{"--kubeconfig", cp.KubeconfigPath(), "--namespace", devNamespace}, remMode...)
-	rem, err := startChild(term, "nodevigil-remediator", filepath.Join(*binDir, "nodevigil-remediator"), append(remArgs,
-		"--listen-address", *remAddr, "--metrics-secure=false", "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
-		"--cluster-tag-key", devClusterTag, "--log-format", "text",
-	), "AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE=")
+	remArgs = append(remArgs, "--metrics-secure=false", "--ec2-endpoint", emu.URL(), "--aws-region", "us-east-1",
+		"--cluster-tag-key", devClusterTag, "--log-format", "text")
+	remEnv := []string{"AWS_ACCESS_KEY_ID=devcluster", "AWS_SECRET_ACCESS_KEY=devcluster", "AWS_CA_BUNDLE="}
+	client, err := cp.Client()
 	if err != nil {
 		return err
 	}
-	defer stopChild("nodevigil-remediator", rem)
+	rems := newReplicaSet(term, filepath.Join(*binDir, "nodevigil-remediator"), client, devNamespace)
+	defer rems.stop()
+	remText := fmt.Sprintf("metrics http://%s/metrics", *remAddr)
+	if fl == nil {
+		if err := rems.start("nodevigil-remediator", *remAddr, remArgs, remEnv); err != nil {
+			return err
+		}
+	} else {
+		// Two replicas, as the chart runs them, with leader election quick enough to watch
+		// (fleetctl restart-leader; scenario S003).
+		remArgs = append(remArgs, "--leader-elect-lease-duration", "8s", "--leader-elect-renew-deadline", "6s", "--leader-elect-retry-period", "1s")
+		for _, r := range []struct{ name, listen string }{{"nodevigil-remediator-a", *remAddr}, {"nodevigil-remediator-b", *remAddrB}} {
+			if err := rems.start(r.name, r.listen, remArgs, remEnv); err != nil {
+				return err
+			}
+		}
+		fl.restartLeader = rems.restartLeader
+		remText = fmt.Sprintf("2 replicas (one leader), metrics http://%s/metrics and http://%s/metrics", *remAddr, *remAddrB)
+	}
 
 	remModeText, fleetText := "dry-run", ""
 	if fl != nil {
@@ -174,7 +193,7 @@ nodevigil is running locally:
   control plane  %[1]s (kube-apiserver, etcd, kube-controller-manager)
   EC2 emulator   %[2]s (instance %[3]s)
   agent          node %[4]q, metrics http://%[5]s/metrics
-  remediator     %[10]s, metrics http://%[6]s/metrics
+  remediator     %[10]s, %[6]s
 
   kubeconfig: %[7]s
   try:  kubectl --kubeconfig %[7]s get node %[4]s -o yaml
@@ -186,7 +205,7 @@ nodevigil is running locally:
   NetworkingReady); the remediator records what it would do about it (its policy for this
   node only reports).
 %[11]sEvery line below is prefixed with the process that wrote it. Ctrl-C stops everything.
-`, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, *remAddr, cp.KubeconfigPath(),
+`, cp.URL(), emu.URL(), devInstanceID, host, *agentAddr, remText, cp.KubeconfigPath(),
 		filepath.Join(*binDir, "kubectl-nodevigil"), devNamespace, remModeText, fleetText))
 
 	select {
@@ -196,8 +215,8 @@ nodevigil is running locally:
 		return fmt.Errorf("kwok exited: %w", err)
 	case err := <-agent.exited:
 		return fmt.Errorf("nodevigil-agent exited: %w", err)
-	case err := <-rem.exited:
-		return fmt.Errorf("nodevigil-remediator exited: %w", err)
+	case err := <-rems.exited:
+		return err
 	}
 }
 

@@ -2,9 +2,10 @@
 // integration/fleet and docs/scenarios.md): it asks the running devcluster, over loopback, to
 // break a node or a zone the way real nodes break, or to heal it.
 //
-//	fleetctl fault KIND NODE|ZONE   kubelet-oom, node-silent, agent-crash, cni-break,
+//	fleetctl fault KIND NODE|ZONE   kubelet-oom, kubelet-dead, node-silent, agent-crash, cni-break,
 //	                                memory-pressure, bad-taint (nodes); zone-dark (zones)
 //	fleetctl heal NODE|ZONE
+//	fleetctl restart-leader         kill the leader remediator replica (it comes back as a follower)
 //	fleetctl nodes                  the fleet: pool, zone, instance, real or simulated agent
 //	fleetctl faults                 every fault and what it does
 package main
@@ -31,7 +32,7 @@ func main() {
 }
 
 func usage() error {
-	return fmt.Errorf("usage: fleetctl [--addr HOST:PORT] fault KIND NODE|ZONE | heal NODE|ZONE | nodes | faults")
+	return fmt.Errorf("usage: fleetctl [--addr HOST:PORT] fault KIND NODE|ZONE | heal NODE|ZONE | restart-leader | nodes | faults")
 }
 
 func run(args []string, out io.Writer) error {
@@ -61,6 +62,8 @@ func run(args []string, out io.Writer) error {
 	case args[0] == "heal" && len(args) == 2:
 		method, path = http.MethodPost, "/heal"
 		q.Set("target", args[1])
+	case args[0] == "restart-leader" && len(args) == 1:
+		method, path = http.MethodPost, "/restart-leader"
 	case args[0] == "nodes" && len(args) == 1:
 		method, path = http.MethodGet, "/nodes"
 	case args[0] == "faults" && len(args) == 1:

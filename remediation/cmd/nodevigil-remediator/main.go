@@ -203,6 +203,15 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		_ = srv.Shutdown(shutdownCtx)
 	}()
 
+	if o.pprofAddress != "" {
+		psrv, addr, err := servePprof(o.pprofAddress)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = psrv.Close() }()
+		log.Info("serving profiles", "address", addr.String())
+	}
+
 	policies := make([]string, 0, len(rc.Policies))
 	for _, p := range rc.Policies {
 		policies = append(policies, p.Name+"="+string(p.Action))

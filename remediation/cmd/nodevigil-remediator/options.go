@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -43,6 +44,7 @@ type options struct {
 	slogLevel      slog.Level
 	confirmDelay   time.Duration
 	kubeletLeaseNS string
+	pprofAddress   string
 }
 
 // parseOptions parses args. Every error names the flag and says what is wanted.
@@ -89,6 +91,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.confirmDelay, "termination-confirm-delay", remediation.DefaultTerminationConfirmDelay, "how long after a termination request EC2's NotFound counts as proof the instance is gone")
 	fs.StringVar(&o.kubeletLeaseNS, "kubelet-lease-namespace", remediation.DefaultKubeletLeaseNamespace, "namespace of the kubelets' Leases")
+	fs.StringVar(&o.pprofAddress, "pprof-address", "", "loopback address (e.g. 127.0.0.1:6060) serving Go's /debug/pprof/ profiles over plain HTTP; empty (the default) serves none. Loopback only: reach it with kubectl port-forward")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -108,6 +111,11 @@ func (o *options) validate() error {
 	}
 	if o.listenAddress == "" {
 		fail("listen-address", "must not be empty; the probes and metrics are served there (e.g. :9737)")
+	}
+	if o.pprofAddress != "" {
+		if err := loopbackAddress(o.pprofAddress); err != nil {
+			fail("pprof-address", "%v; profiles show the remediator's internals, so they are served on loopback only (e.g. 127.0.0.1:6060, reached with kubectl port-forward), or leave the flag out", err)
+		}
 	}
 	if (o.metricsTLSCert == "") != (o.metricsTLSKey == "") {
 		fail("metrics-tls-cert-file", "--metrics-tls-cert-file and --metrics-tls-key-file must be set together")
@@ -201,3 +209,18 @@ func (b *optionalBool) Set(s string) error {
 
 // IsBoolFlag lets --dry-run be given without a value.
 func (b *optionalBool) IsBoolFlag() bool { return true }
+
+// loopbackAddress checks that addr is host:port with a loopback host (an IP or localhost).
+func loopbackAddress(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%q is not a loopback address", addr)
+}

@@ -1,0 +1,125 @@
+package remediation
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
+)
+
+// notRecordedReady removes the first-ready record newNode gives every node.
+func notRecordedReady(n *corev1.Node) { delete(n.Annotations, decide.AnnotationFirstReady) }
+
+// firstReadyPatches counts the first-ready annotation patches sent so far.
+func (h *harness) firstReadyPatches() int {
+	n := 0
+	for _, s := range h.Steps() {
+		if strings.HasSuffix(s, " first-ready") {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond with a deadline (the writer runs on its own goroutine).
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting for %s; steps %v", what, h.Steps())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A new leader of many ready nodes that carry no first-ready record (a first install) judges
+// them as ready at once, from memory, and writes the records paced by their own token bucket:
+// no PATCH storm competing with remediation. Before, every node was patched inside its first
+// reconcile.
+func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
+	h := newHarness(t, nil)
+	const n = 30
+	for i := range n {
+		h.healthy(newNode(fmt.Sprintf("node-%02d", i), notRecordedReady))
+	}
+	for i := range n {
+		name := fmt.Sprintf("node-%02d", i)
+		if _, err := h.sync(name); err != nil {
+			t.Fatal(err)
+		}
+		if at := h.c.readyMem.seen(name); !at.Equal(t0) {
+			t.Fatalf("%s: seen ready at %s, want %s", name, at, t0)
+		}
+	}
+	if got := h.firstReadyPatches(); got != 0 {
+		t.Fatalf("%d first-ready patches sent inside the reconciles, want 0 (queued for the paced writer)", got)
+	}
+
+	go h.c.runFirstReadyWriter(h.ctx)
+	t.Cleanup(h.c.firstReadyQueue.ShutDown)
+	h.waitFor("the burst", func() bool { return h.firstReadyPatches() == DefaultFirstReadyBurst && h.clock.HasWaiters() })
+	// Out of tokens: the writer waits on the clock, sending nothing more.
+	if got := h.firstReadyPatches(); got != DefaultFirstReadyBurst {
+		t.Fatalf("%d first-ready patches before the clock moved, want the burst %d", got, DefaultFirstReadyBurst)
+	}
+	for want := DefaultFirstReadyBurst; want < n; {
+		h.clock.Step(time.Second)
+		want = min(n, want+int(DefaultFirstReadyRate))
+		h.waitFor(fmt.Sprintf("%d records", want), func() bool { return h.firstReadyPatches() == want })
+	}
+	for i := range n {
+		node := h.node(fmt.Sprintf("node-%02d", i))
+		if got := node.Annotations[decide.AnnotationFirstReady]; got != t0.Format(time.RFC3339) {
+			t.Errorf("%s: first-ready-at %q, want the time it was first seen ready %s", node.Name, got, t0.Format(time.RFC3339))
+		}
+	}
+}
+
+// A day-old node this leader saw ready, whose record is still queued, gets its startup taint
+// back: the record is written at once (it now matters, and must outlive this leader) and the
+// node is not treated as one that never became ready.
+func TestFirstReadyPersistedWhenTheStartupTaintComesBack(t *testing.T) {
+	h := newHarness(t, nil)
+	n := h.healthy(newNode("back", notRecordedReady))
+	h.healthy(newNode("other"))
+	if _, err := h.sync(n.Name); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.firstReadyPatches(); got != 0 {
+		t.Fatalf("%d first-ready patches, want 0 while the node looks ready", got)
+	}
+
+	h.clock.Step(time.Minute)
+	for _, name := range []string{n.Name, "other"} {
+		for _, ns := range []string{DefaultKubeletLeaseNamespace, h.c.rc.AgentNamespace} {
+			h.renew(ns, name, h.clock.Now())
+		}
+	}
+	cur := h.node(n.Name)
+	cur.Spec.Taints = append(cur.Spec.Taints, corev1.Taint{Key: config.DefaultStartupTaint, Effect: corev1.TaintEffectNoSchedule})
+	if _, err := h.client.CoreV1().Nodes().Update(h.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.sync(n.Name); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.node(n.Name).Annotations[decide.AnnotationFirstReady]; got != t0.Format(time.RFC3339) {
+		t.Fatalf("first-ready-at %q after the taint came back, want %s (when first seen ready)", got, t0.Format(time.RFC3339))
+	}
+	h.drive(n.Name, 5)
+	for _, s := range h.Steps() {
+		if strings.HasPrefix(s, "patch back ") && !strings.HasSuffix(s, " first-ready") {
+			t.Errorf("node judged as never ready: step %q", s)
+		}
+	}
+	if len(h.cloud.Terminates()) != 0 {
+		t.Errorf("terminated %v", h.cloud.Terminates())
+	}
+}

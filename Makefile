@@ -16,6 +16,16 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOTESTFLAGS ?=
 # Integration packages each start a real control plane; they run with this timeout.
 INTEGRATION_TIMEOUT ?= 30m
+# Test binaries run (and packages build) this many at a time. Most integration time is spent
+# waiting on timers and processes, not CPU, so more than the core count helps (docs/benchmarks.md).
+TESTP       ?= 4
+# The longest integration packages, named first so that go test builds and starts them first
+# (it schedules packages in the order given); ./... adds the rest once.
+SLOW_PKGS   := $(patsubst %/,./%,$(wildcard integration/remediator/ integration/scenarios/ integration/interruptions/ integration/images/ integration/install/ integration/plugin/ integration/agent/))
+# Every build that is not a -race test builds static (CGO_ENABLED=0) with -trimpath, as the
+# container images must: one compiled copy of the dependencies serves the images, the binaries
+# the end-to-end tests run, and the harness commands (make control-plane, make kwok, tools).
+NORACE_GO   := CGO_ENABLED=0 $(GO)
 UNIT_PKGS    = $(shell $(GO) list ./... | grep -v /integration)
 INTEG_PKGS   = $(shell $(GO) list ./integration/...)
 BENCHTIME   ?= 2s
@@ -38,7 +48,7 @@ build: ## Build nodevigil-agent, nodevigil-remediator and kubectl-nodevigil into
 
 .PHONY: test
 test: control-plane ## Unit and integration tests, with -race (builds the control plane on first use).
-	$(GO) test -race -count=1 -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) ./...
+	$(GO) test -race -count=1 -p $(TESTP) -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) $(SLOW_PKGS) ./...
 
 .PHONY: test-unit
 test-unit: ## Unit tests only (no control plane), with -race.
@@ -46,13 +56,16 @@ test-unit: ## Unit tests only (no control plane), with -race.
 
 .PHONY: test-integration
 test-integration: control-plane ## Integration tests on a real etcd + kube-apiserver + kube-controller-manager, with -race.
-	$(GO) test -race -count=1 -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) $(INTEG_PKGS)
+	$(GO) test -race -count=1 -p $(TESTP) -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) $(SLOW_PKGS) $(INTEG_PKGS)
 
 .PHONY: lint
+# vet and staticcheck load their dependencies from compiled export data; with -race (staticcheck:
+# a one-build -matrix, so that staticcheck itself is not built with it) that is the very build
+# `make test` needs, so a cold checkout compiles the dependencies once for both, not twice.
 lint: ## go vet, gofmt and staticcheck (pinned, run through the Go toolchain).
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) run $(STATICCHECK) ./...
+	$(GO) vet -race ./...
+	echo 'race: -race' | $(GO) run $(STATICCHECK) -matrix ./...
 
 .PHONY: bench
 bench: ## Benchmarks (Go benchmarks plus the agent/remediator scripts at small scale); see docs/benchmarks.md.
@@ -92,11 +105,15 @@ run: build control-plane kwok ## Run nodevigil locally: control plane, EC2 emula
 
 .PHONY: control-plane
 control-plane: ## Find or build etcd, kube-apiserver and kube-controller-manager; print their paths.
-	@$(GO) run ./integration/cmd/devcluster paths
+	@$(NORACE_GO) run -trimpath ./integration/cmd/devcluster paths
 
 .PHONY: kwok
 kwok: ## Find or build kwok (the fleet's simulated kubelets, for make run and the scenario tests); print its path.
-	@$(GO) run ./integration/cmd/devcluster kwok
+	@$(NORACE_GO) run -trimpath ./integration/cmd/devcluster kwok
+
+.PHONY: tools
+tools: ## Find or fetch helm, kustomize and promtool (integration/tools) into the cache; print their paths.
+	@$(NORACE_GO) run -trimpath ./integration/cmd/tools
 
 .PHONY: timeline
 timeline: control-plane kwok ## Regenerate docs/remediation-timeline.svg from a real run (scenario S000's Events).

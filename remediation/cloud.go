@@ -62,6 +62,12 @@ type Instance struct {
 	Zone  string
 	// Owned reports whether the instance carries the cluster ownership tag.
 	Owned bool
+	// Lifecycle is EC2's instanceLifecycle: "spot" for a spot instance, empty for on-demand.
+	// A spot interruption notice on an instance that is not spot is not believed.
+	Lifecycle string
+	// AutoScalingGroup is the instance's aws:autoscaling:groupName tag, empty when no Auto
+	// Scaling group launched it. An ASG termination of such an instance is not believed.
+	AutoScalingGroup string
 }
 
 // Kinds of failed cloud calls. They label nodevigil_remediator_cloud_errors_total and decide

@@ -170,6 +170,13 @@ type Config struct {
 	EventClient kubernetes.Interface
 	// Logger receives structured logs. Default slog.Default().
 	Logger *slog.Logger
+	// ScheduledEvents lists the active scheduled events of instances (DescribeInstanceStatus),
+	// so nodes without an agent get interruption decisions too (interruptions_poll.go). Nil
+	// disables the poll: only events the agents report are acted on.
+	ScheduledEvents ScheduledEventSource
+	// ScheduledEventsInterval is how often the leader polls ScheduledEvents. Default
+	// DefaultScheduledEventsInterval (1m).
+	ScheduledEventsInterval time.Duration
 }
 
 // LeaderElectionConfig configures leader election through a coordination Lease.
@@ -227,6 +234,8 @@ type Controller struct {
 	readyMem          readyMemory
 	firstReadyQueue   workqueue.TypedDelayingInterface[string]
 	firstReadyLimiter *rate.Limiter
+	// intr is the interruption handling's own state (interruptions_trust.go).
+	intr *interruptionState
 
 	gateMu       sync.Mutex
 	census       *census
@@ -278,6 +287,7 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.FirstReadyRate <= 0 {
 		cfg.FirstReadyRate = DefaultFirstReadyRate
 	}
+	setDefault(&cfg.ScheduledEventsInterval, DefaultScheduledEventsInterval)
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
@@ -313,6 +323,9 @@ func New(cfg Config) (*Controller, error) {
 		agentObs:     newLeaseObserver(cfg.Remediator.AgentLeaseDuration),
 	}
 	if err := c.registerObserveMetrics(); err != nil {
+		return nil, err
+	}
+	if c.intr, err = newInterruptionState(cfg.Registry); err != nil {
 		return nil, err
 	}
 	c.recorder = cfg.Recorder
@@ -544,6 +557,13 @@ func (c *Controller) lead(ctx context.Context) {
 			defer wg.Done()
 			for c.processNext(ctx) {
 			}
+		}()
+	}
+	if c.cfg.ScheduledEvents != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.runEventPoll(ctx)
 		}()
 	}
 	wg.Add(1)

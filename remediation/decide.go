@@ -58,6 +58,7 @@ func (c *Controller) forget(name string) {
 	c.gateMu.Lock()
 	delete(c.reservations, name)
 	c.gateMu.Unlock()
+	c.intr.forget(name)
 }
 
 // input gathers everything Decide needs about one node from the caches.

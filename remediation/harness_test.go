@@ -526,11 +526,13 @@ type fakeCloud struct {
 	terminateErr map[string][]error
 	// onDescribe runs (without the lock) before each Describe answers.
 	onDescribe func(id string)
+	// lifecycle and asg are the instances' instanceLifecycle and Auto Scaling group.
+	lifecycle, asg map[string]string
 }
 
 func newFakeCloud() *fakeCloud {
 	return &fakeCloud{instances: map[string]string{}, owned: map[string]bool{}, override: map[string]TerminateResult{},
-		describeErr: map[string][]error{}, terminateErr: map[string][]error{}}
+		describeErr: map[string][]error{}, terminateErr: map[string][]error{}, lifecycle: map[string]string{}, asg: map[string]string{}}
 }
 
 func (f *fakeCloud) addInstance(n *corev1.Node, state string) {
@@ -595,7 +597,7 @@ func (f *fakeCloud) Describe(_ context.Context, id string) (Instance, bool, erro
 	if !ok {
 		return Instance{}, false, nil
 	}
-	return Instance{ID: id, State: st, Zone: "us-east-1a", Owned: f.owned[id]}, true, nil
+	return Instance{ID: id, State: st, Zone: "us-east-1a", Owned: f.owned[id], Lifecycle: f.lifecycle[id], AutoScalingGroup: f.asg[id]}, true, nil
 }
 
 func (f *fakeCloud) Terminates() []string {

@@ -9,6 +9,7 @@ package remediation
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,6 +29,9 @@ const (
 	AnnotationInterruptionWasUnschedulable = "nodevigil.io/interruption-was-unschedulable"
 	// AnnotationInterruptionDryRun records what dryRun would have done for an event.
 	AnnotationInterruptionDryRun = "nodevigil.io/interruption-dry-run"
+	// AnnotationInterruptionBootID records the node's boot ID when nodevigil cordoned it, so
+	// a reboot for the event can be told from the node's own report.
+	AnnotationInterruptionBootID = "nodevigil.io/interruption-boot-id"
 	// TaintInterruption keeps new pods off a node AWS is about to interrupt.
 	TaintInterruption = "nodevigil.io/interruption"
 )
@@ -51,7 +55,8 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	if !c.leading.Load() {
 		return 0, nil
 	}
-	ins := MergeInterruptions(InterruptionsFromNode(node), nil)
+	fromEC2, described := c.intr.eventsOf(instanceIDOf(node))
+	ins := MergeInterruptions(InterruptionsFromNode(node), fromEC2)
 	plans := make([]InterruptionPlan, len(ins))
 	var next time.Duration
 	for i, in := range ins {
@@ -61,12 +66,17 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 		}
 	}
 	gov, due := GoverningPlan(plans, now)
-	acts := due && (gov.Action == config.InterruptionCordonOnly || gov.Action == config.InterruptionDrain || gov.Action == config.InterruptionReplace)
+	acts := due && acting(gov.Action)
 	marked, isMarked := node.Annotations[AnnotationInterruption]
 
 	if !acts {
 		if isMarked {
-			return next, c.undoInterruption(ctx, node, marked)
+			if markedEventGone(node, marked, ins, described) {
+				return next, c.undoInterruption(ctx, node, marked)
+			}
+			// The event is still pending (the policy changed, or a source went Unknown):
+			// nodevigil keeps what it did until the event is positively gone.
+			return interruptionRequeue(next, interruptionRecheck), nil
 		}
 		if _, ok := node.Annotations[AnnotationInterruptionDryRun]; ok && !due {
 			_, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruptionDryRun: nil}})
@@ -87,14 +97,44 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 		c.log.Info("interruption dry run", "node", node.Name, "reason", gov.Interruption.Code, "action", string(gov.Action))
 		return next, nil
 	}
+	if !isMarked {
+		// Admission: how far the event is trusted, and whether it waits for a slot
+		// (interruptions_trust.go). A node already marked holds what it took.
+		capped := gov.HoldsSlot
+		if !capped {
+			switch c.admitImmediate(ctx, node, p, gov, now) {
+			case verdictRefuted:
+				return interruptionRecheck, nil
+			case verdictCapped:
+				capped = true
+			}
+		}
+		if capped {
+			if ok, inFlight := c.takeInterruptionSlot(node, p, now); !ok {
+				if c.intr.note(node.Name, "waiting/"+record) {
+					c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionWaiting,
+						"%s (%s) waits for a slot: %d nodes of pool %s are already cordoned for interruptions or being remediated (maxInFlight %d)",
+						gov.Interruption.Code, gov.Interruption.ID, inFlight, c.poolKey(node, p), p.MaxInFlight)
+					c.log.Info("interruption waiting for a slot", "node", node.Name, "reason", gov.Interruption.Code, "in_flight", inFlight)
+				}
+				return interruptionRecheck, nil
+			}
+		}
+	}
 	if !isMarked || marked != record {
 		ann := map[string]*string{AnnotationInterruption: ptr.To(record)}
 		if !isMarked && node.Spec.Unschedulable {
 			ann[AnnotationInterruptionWasUnschedulable] = ptr.To("true")
 		}
+		if !isMarked && node.Status.NodeInfo.BootID != "" {
+			ann[AnnotationInterruptionBootID] = ptr.To(node.Status.NodeInfo.BootID)
+		}
 		taints := withInterruptionTaint(node.Spec.Taints)
 		n, err := c.patchNode(ctx, node, nodePatch{annotations: ann, unschedulable: ptr.To(true), taints: &taints})
 		if err != nil {
+			c.intr.mu.Lock()
+			delete(c.intr.reserved, node.Name)
+			c.intr.mu.Unlock()
 			return 0, err
 		}
 		node = n
@@ -122,13 +162,45 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	return min(max(res.requeue, time.Second), interruptionRecheck), nil
 }
 
+// markedEventGone reports whether the event a node was cordoned for is positively over: no
+// source reports it any more and at least one source that could report it says so — the
+// agent's condition for its kind is known (True, or False listing other events), or EC2
+// described the instance. An agent gone Unknown, or an instance EC2 was not asked about, is
+// not proof: the cordon stays rather than being lifted from a blind spot.
+func markedEventGone(node *corev1.Node, marked string, pending []Interruption, described bool) bool {
+	id, _, _ := strings.Cut(marked, "/")
+	for _, in := range pending {
+		if in.ID == id {
+			return false
+		}
+	}
+	known := func(t corev1.NodeConditionType) bool {
+		for _, c := range node.Status.Conditions {
+			if c.Type == t {
+				return c.Status == corev1.ConditionTrue || c.Status == corev1.ConditionFalse
+			}
+		}
+		return false
+	}
+	switch InterruptionKind(id) {
+	case KindSpotInterruption:
+		return known(ConditionNoSpotInterruption)
+	case KindRebalanceRecommendation:
+		return known(ConditionNoRebalanceRecommendation)
+	case KindASGTermination:
+		return known(ConditionNoASGTermination)
+	}
+	return described || known(ConditionNoScheduledEvent)
+}
+
 // undoInterruption uncordons and untaints a node nodevigil cordoned for an event that no
 // longer asks for it; a node that was already cordoned before stays cordoned.
 func (c *Controller) undoInterruption(ctx context.Context, node *corev1.Node, marked string) error {
 	taints := withoutInterruptionTaint(node.Spec.Taints)
 	p := nodePatch{
-		annotations: map[string]*string{AnnotationInterruption: nil, AnnotationInterruptionWasUnschedulable: nil, AnnotationInterruption + "-drained": nil},
-		taints:      &taints,
+		annotations: map[string]*string{AnnotationInterruption: nil, AnnotationInterruptionWasUnschedulable: nil, AnnotationInterruption + "-drained": nil,
+			AnnotationInterruptionBootID: nil},
+		taints: &taints,
 	}
 	if node.Annotations[AnnotationInterruptionWasUnschedulable] != "true" {
 		p.unschedulable = ptr.To(false)
@@ -137,6 +209,7 @@ func (c *Controller) undoInterruption(ctx context.Context, node *corev1.Node, ma
 	if err != nil {
 		return err
 	}
+	c.intr.forget(node.Name)
 	c.recorder.Eventf(n, corev1.EventTypeNormal, EventInterruptionUndone, "the AWS event behind %s is no longer pending; uncordoned and untainted", marked)
 	c.log.Info("interruption undone", "node", node.Name, "reason", marked)
 	return nil

@@ -56,6 +56,16 @@ func syncN(h *harness, name string, n int) {
 	}
 }
 
+// spot makes the nodes' instances spot instances, as EC2 will report them to the cross-check.
+func (h *harness) spot(names ...string) {
+	h.t.Helper()
+	h.cloud.mu.Lock()
+	defer h.cloud.mu.Unlock()
+	for _, name := range names {
+		h.cloud.lifecycle[instanceOf(h.node(name))] = "spot"
+	}
+}
+
 func hasTaintKey(n *corev1.Node, key string) bool {
 	return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == key })
 }
@@ -65,6 +75,7 @@ func hasTaintKey(n *corev1.Node, key string) bool {
 func TestSpotNoticeDrainsGeneralThenUndoes(t *testing.T) {
 	h := newHarness(t, liveConfig(t, interruptionPolicies))
 	h.healthy(newNode("g1", inPool("general"), spotNotice()))
+	h.spot("g1")
 	h.add(newPod("app", "web-1", "g1"))
 	syncN(h, "g1", 5)
 	n := h.node("g1")
@@ -124,6 +135,7 @@ func TestInterruptionNotifyAndNoAction(t *testing.T) {
 func TestInterruptionUndoKeepsForeignCordon(t *testing.T) {
 	h := newHarness(t, liveConfig(t, interruptionPolicies))
 	h.healthy(newNode("g4", inPool("general"), spotNotice(), func(n *corev1.Node) { n.Spec.Unschedulable = true }))
+	h.spot("g4")
 	syncN(h, "g4", 3)
 	setCondition(h, "g4", corev1.NodeCondition{Type: ConditionNoSpotInterruption, Status: corev1.ConditionTrue, Reason: "NoEvent"})
 	syncN(h, "g4", 3)

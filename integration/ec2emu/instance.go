@@ -21,6 +21,9 @@ const (
 	StateStopped      = "stopped"
 )
 
+// LifecycleSpot is the instanceLifecycle of a spot instance.
+const LifecycleSpot = "spot"
+
 // stateCodes are the numeric codes EC2 reports beside each state name (the low byte of
 // instanceState/code).
 var stateCodes = map[string]int{
@@ -47,8 +50,12 @@ type Instance struct {
 	// State is the instance state name; empty means "running". When read back through
 	// Server.Instance it is the current state, moved along by terminations and the clock.
 	State string `json:"state,omitempty"`
-	// Tags are the instance's tags, e.g. {"kubernetes.io/cluster/prod": "owned"}.
+	// Tags are the instance's tags, e.g. {"kubernetes.io/cluster/prod": "owned"}. An instance
+	// launched by an Auto Scaling group carries aws:autoscaling:groupName.
 	Tags map[string]string `json:"tags,omitempty"`
+	// Lifecycle is DescribeInstances' instanceLifecycle: "spot" for a spot instance, empty for
+	// on-demand (EC2 omits the element then), or "scheduled" / "capacity-block".
+	Lifecycle string `json:"lifecycle,omitempty"`
 }
 
 // Validate reports what is wrong with an instance before it is added, so that a bad seed file
@@ -56,6 +63,11 @@ type Instance struct {
 func (in Instance) Validate() error {
 	if !instanceIDPattern.MatchString(in.ID) {
 		return fmt.Errorf("instance id %q: want \"i-\" followed by 8 or 17 lower-case hex digits", in.ID)
+	}
+	switch in.Lifecycle {
+	case "", LifecycleSpot, "scheduled", "capacity-block":
+	default:
+		return fmt.Errorf("instance %s: lifecycle %q is not spot, scheduled, capacity-block or empty (on-demand)", in.ID, in.Lifecycle)
 	}
 	if in.State != "" {
 		if _, ok := stateCodes[in.State]; !ok {

@@ -39,6 +39,8 @@ type instanceXML struct {
 	InstanceState stateXML     `xml:"instanceState"`
 	Placement     placementXML `xml:"placement"`
 	TagSet        tagSetXML    `xml:"tagSet"`
+	// InstanceLifecycle is present only for spot (and scheduled, capacity-block) instances.
+	InstanceLifecycle string `xml:"instanceLifecycle,omitempty"`
 }
 
 type instancesSetXML struct {
@@ -95,9 +97,10 @@ type errorResponse struct {
 
 func instanceToXML(in Instance) instanceXML {
 	out := instanceXML{
-		InstanceID:    in.ID,
-		InstanceState: stateOf(in.State),
-		Placement:     placementXML{AvailabilityZone: in.Zone},
+		InstanceID:        in.ID,
+		InstanceState:     stateOf(in.State),
+		Placement:         placementXML{AvailabilityZone: in.Zone},
+		InstanceLifecycle: in.Lifecycle,
 	}
 	for _, k := range sortedKeys(in.Tags) {
 		out.TagSet.Items = append(out.TagSet.Items, tagXML{Key: k, Value: in.Tags[k]})

@@ -2,8 +2,6 @@ package install_test
 
 import (
 	"bytes"
-	"context"
-	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -12,57 +10,25 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-)
 
-// helmVersion is the helm manifests/render.sh renders install.yaml with.
-const helmVersion = "v3.19.0"
+	"github.com/nodevigil/nodevigil/integration/tools"
+)
 
 const chartRelPath = "../../manifests/charts/nodevigil"
 
-var (
-	helmOnce sync.Once
-	helmPath string
-	helmErr  error
-	helmDir  string
-)
-
-// helmBinary returns a helm of the pinned version: $HELM when set, else one `go install`ed
-// into a temporary directory once per test binary (the module cache and build cache make this
-// quick after the first `make manifests`).
+// helmBinary returns the pinned helm (integration/tools: $HELM, else the project's cache,
+// else `go install`ed into it once).
 func helmBinary(t *testing.T) string {
 	t.Helper()
-	helmOnce.Do(func() {
-		if h := os.Getenv("HELM"); h != "" {
-			helmPath = h
-			return
-		}
-		dir, err := os.MkdirTemp("", "nodevigil-helm-")
-		if err != nil {
-			helmErr = err
-			return
-		}
-		helmDir = dir
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "install", "helm.sh/helm/v3/cmd/helm@"+helmVersion)
-		cmd.Dir = dir // outside the project's module, as manifests/render.sh does
-		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			helmErr = fmt.Errorf("go install helm %s: %w\n%s", helmVersion, err, out)
-			return
-		}
-		helmPath = filepath.Join(dir, "helm")
-	})
-	if helmErr != nil {
-		t.Fatal(helmErr)
+	p, err := tools.Helm.Path(t.Context())
+	if err != nil {
+		t.Fatal(err)
 	}
-	return helmPath
+	return p
 }
 
 // helm runs helm with a private configuration (no repositories, no registry logins) and

@@ -1,57 +1,24 @@
 package install_test
 
 import (
-	"context"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"sync"
 	"testing"
-	"time"
+
+	"github.com/nodevigil/nodevigil/integration/tools"
 )
 
-// kustomizeVersion is the kustomize the base is tested with (the one kubectl 1.31+ embeds is
-// v5.4 or later; sortOptions needs v5.0).
-const kustomizeVersion = "v5.7.1"
-
-var (
-	kustomizeOnce sync.Once
-	kustomizePath string
-	kustomizeErr  error
-)
-
-// kustomizeBinary returns $KUSTOMIZE, else a kustomize of kustomizeVersion `go install`ed
-// into a temporary directory once per test binary (outside the project's module, as helm).
+// kustomizeBinary returns the pinned kustomize (integration/tools: $KUSTOMIZE, else the
+// project's cache, else `go install`ed into it once).
 func kustomizeBinary(t *testing.T) string {
 	t.Helper()
-	kustomizeOnce.Do(func() {
-		if k := os.Getenv("KUSTOMIZE"); k != "" {
-			kustomizePath = k
-			return
-		}
-		dir, err := os.MkdirTemp("", "nodevigil-kustomize-")
-		if err != nil {
-			kustomizeErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "go", "install", "sigs.k8s.io/kustomize/kustomize/v5@"+kustomizeVersion)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			kustomizeErr = fmt.Errorf("go install kustomize %s: %w\n%s", kustomizeVersion, err, out)
-			return
-		}
-		kustomizePath = filepath.Join(dir, "kustomize")
-	})
-	if kustomizeErr != nil {
-		t.Fatal(kustomizeErr)
+	p, err := tools.Kustomize.Path(t.Context())
+	if err != nil {
+		t.Fatal(err)
 	}
-	return kustomizePath
+	return p
 }
 
 // TestKustomizeBase builds manifests/kustomize (what `kubectl apply -k` does first) and checks

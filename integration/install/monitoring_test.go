@@ -1,15 +1,10 @@
 package install_test
 
 import (
-	"archive/tar"
-	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -19,150 +14,23 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodevigil/nodevigil/integration/tools"
 )
 
-// promtoolEnv names a promtool binary to use instead of finding or fetching one.
-const promtoolEnv = "PROMTOOL"
-
-var (
-	promtoolOnce sync.Once
-	promtoolPath string
-	promtoolErr  error
-)
-
-// promtoolBinary returns a promtool: $PROMTOOL, else one on PATH, else the one cached in
-// ~/.cache/nodevigil/promtool, else it fetches Debian's prometheus package with
-// `apt-get download` (no install, no service, ~19 MB, a few seconds) and keeps only
-// usr/bin/promtool from it. Debian's package is far cheaper than building promtool from the Go
-// module proxy, which compiles Prometheus with every service discovery it links (minutes on
-// two cores); see docs/install.md#alerts-and-dashboard.
+// promtoolBinary returns a promtool (integration/tools: $PROMTOOL, else one on PATH, else the
+// project's cache, else extracted from Debian's prometheus package into it once).
 func promtoolBinary(t *testing.T) string {
 	t.Helper()
-	promtoolOnce.Do(func() {
-		if p := os.Getenv(promtoolEnv); p != "" {
-			promtoolPath = p
-			return
-		}
-		if p, err := exec.LookPath("promtool"); err == nil {
-			promtoolPath = p
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		promtoolPath, promtoolErr = cachedPromtool(ctx)
-	})
-	if promtoolErr != nil {
-		t.Fatalf("promtool: %v\ninstall it (apt-get install prometheus), put it on PATH or set %s", promtoolErr, promtoolEnv)
-	}
-	return promtoolPath
-}
-
-// cachedPromtool returns the cached promtool, fetching it first under a file lock so that
-// parallel test binaries fetch it once.
-func cachedPromtool(ctx context.Context) (string, error) {
-	dir := os.Getenv("NODEVIGIL_CACHE_DIR")
-	if dir == "" {
-		base, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("no cache directory: %w", err)
-		}
-		dir = filepath.Join(base, "nodevigil")
-	}
-	dir = filepath.Join(dir, "promtool")
-	bin := filepath.Join(dir, "promtool")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	p, err := tools.Promtool.Path(t.Context())
 	if err != nil {
-		return "", err
+		t.Fatalf("%v\ninstall it (apt-get install prometheus), put it on PATH or set PROMTOOL", err)
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
-	}
-	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	tmp, err := os.MkdirTemp(dir, "fetch-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	download := func() error {
-		cmd := exec.CommandContext(ctx, "apt-get", "download", "prometheus")
-		cmd.Dir = tmp
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("apt-get download prometheus: %w\n%s", err, out)
-		}
-		return nil
-	}
-	if err := download(); err != nil {
-		// A fresh machine may have no package lists yet; only root can fetch them.
-		if os.Geteuid() != 0 {
-			return "", err
-		}
-		if out, uerr := exec.CommandContext(ctx, "apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
-			return "", fmt.Errorf("%w; apt-get update: %v\n%s", err, uerr, out)
-		}
-		if err := download(); err != nil {
-			return "", err
-		}
-	}
-	debs, _ := filepath.Glob(filepath.Join(tmp, "prometheus_*.deb"))
-	if len(debs) != 1 {
-		return "", fmt.Errorf("apt-get download left %d prometheus .deb files in %s", len(debs), tmp)
-	}
-	if err := extractFromDeb(ctx, debs[0], "./usr/bin/promtool", bin+".tmp"); err != nil {
-		return "", err
-	}
-	if err := os.Rename(bin+".tmp", bin); err != nil {
-		return "", err
-	}
-	return bin, nil
-}
-
-// extractFromDeb writes one file of a .deb's data archive to dst (dpkg-deb reads the archive,
-// whatever its compression).
-func extractFromDeb(ctx context.Context, deb, member, dst string) error {
-	cmd := exec.CommandContext(ctx, "dpkg-deb", "--fsys-tarfile", deb)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("dpkg-deb: %w", err)
-	}
-	defer func() { _ = cmd.Wait() }()
-	tr := tar.NewReader(out)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return fmt.Errorf("%s has no %s", deb, member)
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", deb, err)
-		}
-		if h.Name != member {
-			continue
-		}
-		f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(f, tr); err != nil {
-			f.Close()
-			return fmt.Errorf("extract %s: %w", member, err)
-		}
-		return f.Close()
-	}
+	return p
 }
 
 // renderedObjects renders the chart with sets and decodes the objects.

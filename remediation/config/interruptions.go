@@ -4,6 +4,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // InterruptionAction is what a pool does about one kind of AWS-initiated event (a spot
@@ -44,6 +45,13 @@ const (
 	DefaultInterruptionMargin = 10 * time.Minute
 )
 
+// DefaultMaxImmediate is how many of a pool's nodes (count, or percent rounded up, never less
+// than one node) may be drained at once, outside maxInFlight, for spot notices and ASG
+// terminations. AWS reclaiming more than half of one pool in one go is rare, while an agent
+// release that reports a notice on every node looks exactly like that; past the bound the
+// drains still happen, maxInFlight at a time.
+var DefaultMaxImmediate = intstr.FromString("50%")
+
 // InterruptionsSpec is a policy's `interruptions` block as written.
 type InterruptionsSpec struct {
 	// SpotInterruption: a spot interruption notice (two minutes). Default Drain.
@@ -60,6 +68,10 @@ type InterruptionsSpec struct {
 	LeadTime *metav1.Duration `json:"leadTime,omitempty"`
 	// Margin: a scheduled drain should be done this long before the deadline. Default 10m.
 	Margin *metav1.Duration `json:"margin,omitempty"`
+	// MaxImmediate: how many of the pool's nodes (count or percentage) may have spot notices
+	// or ASG terminations acted on at once, outside maxInFlight; past it they take
+	// maxInFlight slots, loudly. Default 50%.
+	MaxImmediate *intstr.IntOrString `json:"maxImmediate,omitempty"`
 }
 
 // Interruptions is the resolved block: every kind has an action.
@@ -71,6 +83,13 @@ type Interruptions struct {
 	ASGTermination          InterruptionAction
 	LeadTime                time.Duration
 	Margin                  time.Duration
+	MaxImmediate            intstr.IntOrString
+}
+
+// ImmediateAllowed returns how many of a pool of total nodes may have spot notices or ASG
+// terminations acted on at once, outside maxInFlight: MaxImmediate, rounded up, at least one.
+func (in Interruptions) ImmediateAllowed(total int) int {
+	return max(1, scaled(in.MaxImmediate, total))
 }
 
 // DefaultInterruptions returns the defaults of the block.
@@ -79,6 +98,7 @@ func DefaultInterruptions() Interruptions {
 		SpotInterruption: DefaultSpotInterruption, RebalanceRecommendation: DefaultRebalanceRecommendation,
 		ScheduledReboot: DefaultScheduledReboot, ScheduledRetirement: DefaultScheduledRetirement,
 		ASGTermination: DefaultASGTermination, LeadTime: DefaultInterruptionLeadTime, Margin: DefaultInterruptionMargin,
+		MaxImmediate: DefaultMaxImmediate,
 	}
 }
 
@@ -117,6 +137,10 @@ func resolveInterruptions(path string, s *InterruptionsSpec, fail func(path, for
 	}
 	if s.Margin != nil {
 		out.Margin = nonNegative(path+".margin", s.Margin, fail)
+	}
+	if s.MaxImmediate != nil {
+		checkCap(path+".maxImmediate", *s.MaxImmediate, "every spot notice would wait for a maxInFlight slot; write 1 for that", fail)
+		out.MaxImmediate = *s.MaxImmediate
 	}
 	return out
 }

@@ -43,6 +43,26 @@ func TestInterruptionsDefaultsAndKafka(t *testing.T) {
 	}
 }
 
+// TestImmediateAllowed: the sanity valve's bound, rounded up, never below one node.
+func TestImmediateAllowed(t *testing.T) {
+	c, err := Parse([]byte(interruptionsHead + "- name: a\n  nodeSelector: x=y\n  interruptions: {maxImmediate: 3}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := DefaultInterruptions()
+	for _, tc := range []struct {
+		in          Interruptions
+		total, want int
+	}{
+		{def, 10, 5}, {def, 5, 3}, {def, 1, 1}, {def, 0, 1},
+		{c.Policies[0].Interruptions, 100, 3}, {c.Policies[0].Interruptions, 2, 3},
+	} {
+		if got := tc.in.ImmediateAllowed(tc.total); got != tc.want {
+			t.Errorf("ImmediateAllowed(%s of %d) = %d, want %d", tc.in.MaxImmediate.String(), tc.total, got, tc.want)
+		}
+	}
+}
+
 func TestInterruptionsErrors(t *testing.T) {
 	tests := []struct{ name, doc, want string }{
 		{"unknown action", "  interruptions: {spotInterruption: Evict}\n", `policies[0].interruptions.spotInterruption: "Evict" is not a choice; use Drain, CordonOnly, Notify or Ignore`},
@@ -50,6 +70,8 @@ func TestInterruptionsErrors(t *testing.T) {
 		{"unknown field", "  interruptions: {spot: Drain}\n", "policies[0].interruptions.spot: unknown field"},
 		{"negative lead time", "  interruptions: {leadTime: -1h}\n", "policies[0].interruptions.leadTime: -1h0m0s is negative"},
 		{"bad margin", "  interruptions: {margin: soon}\n", `policies[0].interruptions.margin: "soon" is not a duration`},
+		{"zero maxImmediate", "  interruptions: {maxImmediate: 0}\n", "policies[0].interruptions.maxImmediate: 0 must be at least 1"},
+		{"maxImmediate above 100%", "  interruptions: {maxImmediate: 150%}\n", `policies[0].interruptions.maxImmediate: "150%" is above 100%`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -199,7 +199,14 @@ type Instance struct {
 	Tags map[string]string
 	// Owned reports whether the cluster tag is present with an accepted value.
 	Owned bool
+	// Lifecycle is EC2's instanceLifecycle: "spot" for a spot instance, empty for on-demand.
+	// The remediator checks it before it trusts a spot interruption notice.
+	Lifecycle string
 }
+
+// TagAutoScalingGroup is the tag EC2 Auto Scaling puts on the instances it launches; the
+// remediator checks it before it trusts an ASG termination.
+const TagAutoScalingGroup = "aws:autoscaling:groupName"
 
 // Describe returns what EC2 says about ids, keyed by instance ID. IDs EC2 does not know are
 // absent from the map, and so are malformed IDs (they are never sent). Because EC2 fails a
@@ -291,7 +298,7 @@ func (c *Client) describeOnce(ctx context.Context, ids []string) (map[string]Ins
 }
 
 func (c *Client) instance(in types.Instance) Instance {
-	out := Instance{ID: aws.ToString(in.InstanceId)}
+	out := Instance{ID: aws.ToString(in.InstanceId), Lifecycle: string(in.InstanceLifecycle)}
 	if in.State != nil {
 		out.State = string(in.State.Name)
 	}

@@ -68,7 +68,7 @@ func newFixture(t testing.TB, cfg Config) *fixture {
 	emu := ec2emu.New(ec2emu.Config{Clock: clk, ShutdownDelay: time.Minute})
 	for _, in := range []ec2emu.Instance{
 		{ID: idOwned, Zone: "us-east-1a", Tags: map[string]string{clusterTag: "owned", "Name": "a"}},
-		{ID: idShared, Zone: "us-east-1b", Tags: map[string]string{clusterTag: "shared"}},
+		{ID: idShared, Zone: "us-east-1b", Tags: map[string]string{clusterTag: "shared"}, Lifecycle: ec2emu.LifecycleSpot},
 		{ID: idForeign, Zone: "us-east-1a", Tags: map[string]string{"kubernetes.io/cluster/other": "owned"}},
 		{ID: idEmptyTag, Zone: "us-east-1a", Tags: map[string]string{clusterTag: ""}},
 		{ID: idOld, Zone: "us-east-1c", Tags: map[string]string{clusterTag: "owned"}},
@@ -207,7 +207,7 @@ func TestDescribe(t *testing.T) {
 	}
 	want := map[string]Instance{
 		idOwned:    {ID: idOwned, State: "running", Zone: "us-east-1a", Tags: map[string]string{clusterTag: "owned", "Name": "a"}, Owned: true},
-		idShared:   {ID: idShared, State: "running", Zone: "us-east-1b", Tags: map[string]string{clusterTag: "shared"}, Owned: true},
+		idShared:   {ID: idShared, State: "running", Zone: "us-east-1b", Tags: map[string]string{clusterTag: "shared"}, Owned: true, Lifecycle: "spot"},
 		idForeign:  {ID: idForeign, State: "running", Zone: "us-east-1a", Tags: map[string]string{"kubernetes.io/cluster/other": "owned"}},
 		idEmptyTag: {ID: idEmptyTag, State: "running", Zone: "us-east-1a", Tags: map[string]string{clusterTag: ""}},
 		idOld:      {ID: idOld, State: "running", Zone: "us-east-1c", Tags: map[string]string{clusterTag: "owned"}, Owned: true},

@@ -41,7 +41,9 @@ func IsFinished(description string) bool {
 }
 
 // ScheduledEvents returns the active scheduled events of ids, keyed by instance ID and
-// earliest first; an instance without any is absent. It sends one DescribeInstanceStatus call
+// earliest first. Every instance EC2 described is present, with an empty slice when it has no
+// active event, so a caller can tell "EC2 says nothing is scheduled" (positive knowledge: a
+// canceled event is really gone) from "EC2 does not know this instance" (absent). It sends one DescribeInstanceStatus call
 // per MaxStatusIDs instances (never one per node), following NextToken, each after waiting on
 // lim (nil means unlimited), and includes stopped instances. Finished events ([Completed],
 // [Canceled]) are dropped. IDs EC2 does not know are skipped as Describe does; malformed IDs
@@ -108,6 +110,9 @@ func (c *Client) statusOnce(ctx context.Context, ids []string, lim *rate.Limiter
 		}
 		for _, st := range page.InstanceStatuses {
 			id := aws.ToString(st.InstanceId)
+			if _, ok := found[id]; !ok {
+				found[id] = []ScheduledEvent{}
+			}
 			for _, e := range st.Events {
 				desc := aws.ToString(e.Description)
 				if IsFinished(desc) {

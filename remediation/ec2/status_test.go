@@ -35,8 +35,19 @@ func TestScheduledEventsBatchedAndActiveOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || len(got[ids[0]]) != 2 || len(got[ids[249]]) != 1 {
+	if len(got[ids[0]]) != 2 || len(got[ids[249]]) != 1 {
 		t.Fatalf("events: %+v", got)
+	}
+	// Every instance EC2 described is listed, the ones without an active event with none
+	// (positive knowledge that nothing is scheduled); the unknown and malformed IDs are absent.
+	if len(got) != 250 {
+		t.Errorf("%d instances listed, want the 250 EC2 knows", len(got))
+	}
+	if evs, ok := got[ids[150]]; !ok || len(evs) != 0 {
+		t.Errorf("instance with only a completed event: %v (listed %v), want listed with no event", evs, ok)
+	}
+	if _, ok := got[idUnknown]; ok {
+		t.Errorf("unknown instance listed")
 	}
 	if e := got[ids[0]][0]; e.Code != ec2emu.EventInstanceStop || !e.NotBefore.Equal(nb) || e.ID != "instance-event-00000000000000002" {
 		t.Errorf("first event of %s: %+v", ids[0], e)

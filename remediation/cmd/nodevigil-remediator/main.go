@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -130,6 +131,7 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 	}
 
 	var cloud remediation.Cloud
+	var events remediation.ScheduledEventSource
 	if !rc.DryRun || o.clusterTagKey != "" {
 		// Dry-run describes instances (read-only) to record "would be Blocked" for instances
 		// that are not the cluster's; it needs --cluster-tag-key for that, and without it
@@ -151,6 +153,9 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 			return fmt.Errorf("build EC2 batcher: %w", err)
 		}
 		cloud = ec2Cloud{client: c, batcher: b}
+		if o.eventsInterval > 0 && !rc.DryRun {
+			events = ec2Events{client: c, limiter: rate.NewLimiter(scheduledEventsQPS, scheduledEventsBurst)}
+		}
 	}
 	if rc.DryRun {
 		// Dry-run never terminates; the wrapper makes sure of it.
@@ -169,6 +174,8 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		TerminationConfirmDelay: o.confirmDelay,
 		Registry:                reg,
 		Logger:                  log,
+		ScheduledEvents:         events,
+		ScheduledEventsInterval: o.eventsInterval,
 		LeaderElection: remediation.LeaderElectionConfig{
 			Enabled:       o.leaderElect,
 			LeaseDuration: o.leaseDuration,
@@ -300,7 +307,28 @@ func (e ec2Cloud) Describe(ctx context.Context, id string) (remediation.Instance
 	if !ok {
 		return remediation.Instance{}, false, nil
 	}
-	return remediation.Instance{ID: inst.ID, State: inst.State, Zone: inst.Zone, Owned: inst.Owned}, true, nil
+	return remediation.Instance{ID: inst.ID, State: inst.State, Zone: inst.Zone, Owned: inst.Owned,
+		Lifecycle: inst.Lifecycle, AutoScalingGroup: inst.Tags[ec2.TagAutoScalingGroup]}, true, nil
+}
+
+// The scheduled events poll's pace: 5 DescribeInstanceStatus calls a second, bursts of 10, so
+// a poll of 10,000 instances (100 calls) takes about 20 s and leaves EC2's request budget to
+// the rest of the account.
+const (
+	scheduledEventsQPS   = 5
+	scheduledEventsBurst = 10
+)
+
+// ec2Events adapts ec2.Client.ScheduledEvents to remediation.ScheduledEventSource, paced by
+// its own limiter.
+type ec2Events struct {
+	client  *ec2.Client
+	limiter *rate.Limiter
+}
+
+func (e ec2Events) ScheduledEvents(ctx context.Context, ids []string) (map[string][]ec2.ScheduledEvent, error) {
+	m, err := e.client.ScheduledEvents(ctx, ids, e.limiter)
+	return m, classify(err)
 }
 
 // classify wraps an ec2 error in a remediation.CloudError, so the pipeline tells a refusal

@@ -45,6 +45,7 @@ type options struct {
 	confirmDelay   time.Duration
 	kubeletLeaseNS string
 	pprofAddress   string
+	eventsInterval time.Duration
 }
 
 // parseOptions parses args. Every error names the flag and says what is wanted.
@@ -92,6 +93,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.confirmDelay, "termination-confirm-delay", remediation.DefaultTerminationConfirmDelay, "how long after a termination request EC2's NotFound counts as proof the instance is gone")
 	fs.StringVar(&o.kubeletLeaseNS, "kubelet-lease-namespace", remediation.DefaultKubeletLeaseNamespace, "namespace of the kubelets' Leases")
 	fs.StringVar(&o.pprofAddress, "pprof-address", "", "loopback address (e.g. 127.0.0.1:6060) serving Go's /debug/pprof/ profiles over plain HTTP; empty (the default) serves none. Loopback only: reach it with kubectl port-forward")
+	fs.DurationVar(&o.eventsInterval, "scheduled-events-interval", remediation.DefaultScheduledEventsInterval, "how often the leader lists the scheduled events of the nodes' instances (DescribeInstanceStatus, one call per 100 instances), so nodes without an agent get interruption decisions too; 0 turns the poll off (agents' reports only); dry-run never polls")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -153,6 +155,9 @@ func (o *options) validate() error {
 	}
 	if o.confirmDelay <= 0 {
 		fail("termination-confirm-delay", "%s must be above 0", o.confirmDelay)
+	}
+	if o.eventsInterval != 0 && o.eventsInterval < 10*time.Second {
+		fail("scheduled-events-interval", "%s is too short; at least 10s (default %s), or 0 to turn the poll off", o.eventsInterval, remediation.DefaultScheduledEventsInterval)
 	}
 	if o.kubeletLeaseNS == "" {
 		fail("kubelet-lease-namespace", "must not be empty")

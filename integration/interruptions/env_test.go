@@ -1,0 +1,363 @@
+// Package interruptions_test runs the real nodevigil-remediator process against a real control
+// plane and the EC2 emulator (DescribeInstances with instanceLifecycle, DescribeInstanceStatus
+// with scheduled events) for AWS-initiated interruptions: spot notices, scheduled events seen
+// only through EC2, cancels and maintenance waves. Kubelets and agents are simulated by the
+// test renewing their Leases and writing the agent's conditions.
+//
+// The tests run in parallel on one cluster. Each has its own pool label value and emulator, and
+// its remediator's catch-all policy ignores every interruption, so no remediator acts on
+// another test's nodes; a remediator never lifts another test's cordon either, because undo
+// needs positive knowledge that the event is gone (its own emulator does not know the other
+// test's instances).
+package interruptions_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/ec2emu"
+	"github.com/nodevigil/nodevigil/integration/testbin"
+)
+
+var (
+	cp            *controlplane.ControlPlane
+	remediatorBin string
+)
+
+const (
+	clusterTag        = "kubernetes.io/cluster/itest"
+	poolLabel         = "nodevigil.test/pool"
+	zoneLabel         = "topology.kubernetes.io/zone"
+	interruptionTaint = "nodevigil.io/interruption"
+	interruptionMark  = "nodevigil.io/interruption"
+	heartbeat         = time.Second
+	leaseSeconds      = 5
+)
+
+func TestMain(m *testing.M) {
+	bin, cleanup, err := testbin.BuildTemp(context.Background(), "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	remediatorBin = bin
+	// The tests mostly wait on the remediator; run them all at once unless -parallel says
+	// otherwise (its default, GOMAXPROCS, is 2 on CI machines).
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", "8")
+	}
+	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
+	cleanup()
+	os.Exit(code)
+}
+
+// env is one test's world: a namespace for agent Leases and the leader Lease (its name is also
+// the pool label value), an EC2 emulator, simulated nodes and one remediator.
+type env struct {
+	t      *testing.T
+	client kubernetes.Interface
+	ns     string
+	pool   string
+	emu    *ec2emu.Server
+	proc   *testbin.Process
+	addr   string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	t.Parallel()
+	c, err := cp.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := cp.Namespace(t.Context(), "intr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
+	if err := emu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	return &env{t: t, client: c, ns: ns, pool: ns, emu: emu}
+}
+
+// start writes a RemediatorConfig whose first policy (remediation off) selects this test's
+// pool, with the given interruptions block, and runs the remediator.
+func (e *env) start(poolYAML string, extra ...string) {
+	e.t.Helper()
+	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
+kind: RemediatorConfig
+dryRun: false
+agentNamespace: %s
+agentLeaseDuration: %ds
+zonePauseThreshold: 100%%
+clusterPauseThreshold: 100%%
+policies:
+- name: pool
+  nodeSelector: %s=%s
+  action: None
+  drain: {timeout: 20s, honorDoNotDisrupt: true}
+%s
+- name: others
+  nodeSelector: ""
+  action: None
+  interruptions: {spotInterruption: Ignore, rebalanceRecommendation: Ignore, scheduledReboot: Ignore, scheduledRetirement: Ignore, asgTermination: Ignore}
+`, e.ns, leaseSeconds, poolLabel, e.pool, indent(poolYAML, "  "))
+	path := filepath.Join(e.t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.addr = l.Addr().String()
+	l.Close()
+	p, err := testbin.Start("remediator-"+e.ns, remediatorBin, append([]string{
+		"--kubeconfig", cp.KubeconfigPath(),
+		"--namespace", e.ns,
+		"--config", path,
+		"--listen-address", e.addr,
+		"--metrics-secure=false",
+		"--ec2-endpoint", e.emu.URL(),
+		"--aws-region", "us-east-1",
+		"--cluster-tag-key", clusterTag,
+		"--leader-elect=false",
+		"--resync-period", "10s",
+		"--scheduled-events-interval", "10s",
+		"--log-format", "text",
+		"--log-level", "debug",
+	}, extra...), "POD_NAME=remediator-"+e.ns, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.proc = p
+	e.t.Cleanup(func() {
+		_ = p.Stop(10 * time.Second)
+		if e.t.Failed() {
+			e.t.Logf("remediator log:\n%s", p.LogTail(80))
+		}
+	})
+	e.eventually("remediator ready", 60*time.Second, func(ctx context.Context) (bool, error) {
+		if exited, err := p.Exited(); exited {
+			return false, fmt.Errorf("remediator exited: %v\n%s", err, p.LogTail(30))
+		}
+		return httpOK(ctx, "http://"+e.addr+"/readyz"), nil
+	})
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
+}
+
+func httpOK(ctx context.Context, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// simNode is a Node whose kubelet and agent Leases the test renews.
+type simNode struct {
+	name       string
+	instanceID string
+}
+
+var nodeSeq struct {
+	sync.Mutex
+	n int
+}
+
+// addNode creates a Ready Node in the pool, its EC2 instance (spot when lifecycle is "spot"),
+// and renews its kubelet and agent Leases until the test ends.
+func (e *env) addNode(lifecycle string) *simNode {
+	e.t.Helper()
+	ctx := e.t.Context()
+	nodeSeq.Lock()
+	nodeSeq.n++
+	seq := nodeSeq.n
+	nodeSeq.Unlock()
+	id := fmt.Sprintf("i-%017x", time.Now().UnixNano()&0xffffffffffff<<8|int64(seq&0xff))
+	n := &simNode{name: fmt.Sprintf("%s-n%d", e.pool, seq), instanceID: id}
+	const zone = "us-east-1a"
+	if err := e.emu.AddInstance(ec2emu.Instance{ID: id, Zone: zone, Lifecycle: lifecycle, Tags: map[string]string{clusterTag: "owned"}}); err != nil {
+		e.t.Fatal(err)
+	}
+	created, err := e.client.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{poolLabel: e.pool, zoneLabel: zone}},
+		Spec:       corev1.NodeSpec{ProviderID: "aws:///" + zone + "/" + id},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create node: %v", err)
+	}
+	now := time.Now().UTC().Format(time.RFC3339)
+	status := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}]}}`, now)
+	if _, err := e.client.CoreV1().Nodes().PatchStatus(ctx, n.name, []byte(status)); err != nil {
+		e.t.Fatalf("set node status: %v", err)
+	}
+	e.t.Cleanup(func() {
+		_ = e.client.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
+	})
+	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: created.Name, UID: created.UID}}
+	go e.renew(ctx, n, "kube-node-lease", owner)
+	go e.renew(ctx, n, e.ns, owner)
+	return n
+}
+
+func (e *env) renew(ctx context.Context, n *simNode, ns string, owner []metav1.OwnerReference) {
+	leases := e.client.CoordinationV1().Leases(ns)
+	dur := int32(leaseSeconds)
+	labels := map[string]string{}
+	if ns != "kube-node-lease" {
+		labels["nodevigil.io/node"] = n.name
+	}
+	t := time.NewTicker(heartbeat)
+	defer t.Stop()
+	for {
+		now := metav1.NewMicroTime(time.Now())
+		l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			_, _ = leases.Create(ctx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: n.name, Namespace: ns, Labels: labels, OwnerReferences: owner},
+				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &n.name, LeaseDurationSeconds: &dur, RenewTime: &now},
+			}, metav1.CreateOptions{})
+		case err == nil:
+			l.Spec.RenewTime = &now
+			_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// setCondition writes a Node condition as the agent does: a strategic merge keyed by type.
+func (e *env) setCondition(n *simNode, typ, status, reason, message string) {
+	e.t.Helper()
+	now := time.Now().UTC().Format(time.RFC3339)
+	body := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":%q,"reason":%q,"message":%q,"lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`,
+		typ, status, reason, message, now, now)
+	if _, err := e.client.CoreV1().Nodes().PatchStatus(e.t.Context(), n.name, []byte(body)); err != nil {
+		e.t.Fatalf("set condition %s on %s: %v", typ, n.name, err)
+	}
+}
+
+// spotNotice writes the agent's NoSpotInterruption=False as it reads spot/instance-action.
+func (e *env) spotNotice(n *simNode) {
+	at := time.Now().Add(2 * time.Minute).UTC().Format(time.RFC3339)
+	e.setCondition(n, "NoSpotInterruption", "False", "SpotTerminate", "spot interruption notice: AWS will terminate this instance at "+at+"; deadline "+at)
+}
+
+func (e *env) node(name string) (*corev1.Node, error) {
+	return e.client.CoreV1().Nodes().Get(e.t.Context(), name, metav1.GetOptions{})
+}
+
+func cordonedForInterruption(n *corev1.Node) bool {
+	return n.Spec.Unschedulable && slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == interruptionTaint })
+}
+
+// cordoned returns the nodes nodevigil holds cordoned for an interruption.
+func (e *env) cordoned(nodes ...*simNode) []*simNode {
+	var out []*simNode
+	for _, n := range nodes {
+		if obj, err := e.node(n.name); err == nil && cordonedForInterruption(obj) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// eventually polls cond until it holds or timeout passes.
+func (e *env) eventually(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
+	e.t.Helper()
+	if err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, cond); err != nil {
+		e.t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// never asserts that cond stays false for the whole of d.
+func (e *env) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond(e.t.Context()) {
+			e.t.Fatalf("%s happened", what)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func (e *env) hasEvent(node, reason string) bool {
+	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+	if err != nil {
+		return false
+	}
+	for _, ev := range evs.Items {
+		if ev.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// podOn creates a pod bound to the node, optionally annotated do-not-disrupt.
+func (e *env) podOn(node string, doNotDisrupt bool) *corev1.Pod {
+	e.t.Helper()
+	e.eventually("the default ServiceAccount", 30*time.Second, func(ctx context.Context) (bool, error) {
+		_, err := e.client.CoreV1().ServiceAccounts(e.ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "workload-", Namespace: e.ns},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "app", Image: "registry.example/app:1"}}},
+	}
+	if doNotDisrupt {
+		pod.Annotations = map[string]string{"karpenter.sh/do-not-disrupt": "true"}
+	}
+	created, err := e.client.CoreV1().Pods(e.ns).Create(e.t.Context(), pod, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create pod: %v", err)
+	}
+	return created
+}
+
+// evicted reports whether the pod is gone or going.
+func (e *env) evicted(ctx context.Context, pod *corev1.Pod) bool {
+	p, err := e.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
+}

@@ -1,0 +1,156 @@
+package tools
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// fakeTool is a Tool whose fetch writes a shell script and counts its calls: the seam is the
+// fetch function, everything else (env, PATH, cache directory, lock, rename) is real.
+func fakeTool(t *testing.T, name string, calls *atomic.Int32, fail error) Tool {
+	t.Helper()
+	return Tool{Name: name, Version: "v1.2.3", Env: "NODEVIGIL_FAKE_" + strings.ToUpper(name),
+		Fetch: func(ctx context.Context, dst string) error {
+			calls.Add(1)
+			if fail != nil {
+				return fail
+			}
+			return os.WriteFile(dst, []byte("#!/bin/sh\necho "+name+"\n"), 0o755)
+		}}
+}
+
+func TestPath(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		env       bool   // the tool's variable names a binary
+		onPATH    bool   // a binary of the name is on PATH
+		fromPATH  bool   // the tool accepts one on PATH
+		cached    bool   // the cache already holds it
+		fail      error  // fetch fails
+		wantFrom  string // "env", "path", "cache"
+		wantCalls int32
+		wantErr   string
+	}{
+		{name: "env wins over everything", env: true, onPATH: true, fromPATH: true, cached: true, wantFrom: "env"},
+		{name: "PATH when the version does not matter", onPATH: true, fromPATH: true, wantFrom: "path"},
+		{name: "PATH ignored for a pinned tool", onPATH: true, wantFrom: "cache", wantCalls: 1},
+		{name: "cached: no fetch", cached: true, wantFrom: "cache"},
+		{name: "missing: fetched once", wantFrom: "cache", wantCalls: 1},
+		{name: "fetch fails: error names the tool and its variable", fail: errors.New("no network"), wantCalls: 1,
+			wantErr: "faketool: no network (or set NODEVIGIL_FAKE_FAKETOOL to a faketool binary)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cache, bin := t.TempDir(), t.TempDir()
+			t.Setenv(CacheDirEnv, cache)
+			t.Setenv("PATH", bin)
+			var calls atomic.Int32
+			tool := fakeTool(t, "faketool", &calls, tc.fail)
+			tool.FromPATH = tc.fromPATH
+			envBin := filepath.Join(t.TempDir(), "from-env")
+			if tc.env {
+				t.Setenv(tool.Env, envBin)
+			} else {
+				t.Setenv(tool.Env, "")
+			}
+			if tc.onPATH {
+				if err := os.WriteFile(filepath.Join(bin, tool.Name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir, err := tool.Dir()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := filepath.Join(cache, "faketool-v1.2.3"); dir != want {
+				t.Fatalf("Dir() = %s, want %s", dir, want)
+			}
+			if tc.cached {
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, tool.Name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := tool.Path(t.Context())
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("Path() error %v, want %q", err, tc.wantErr)
+				}
+				if _, serr := os.Stat(filepath.Join(dir, tool.Name+".tmp")); !os.IsNotExist(serr) {
+					t.Errorf("a failed fetch left %s.tmp behind (%v)", tool.Name, serr)
+				}
+			} else if err != nil {
+				t.Fatalf("Path(): %v", err)
+			}
+			want := map[string]string{"env": envBin, "path": filepath.Join(bin, tool.Name), "cache": filepath.Join(dir, tool.Name), "": ""}[tc.wantFrom]
+			if got != want {
+				t.Errorf("Path() = %q, want %q (%s)", got, want, tc.wantFrom)
+			}
+			if calls.Load() != tc.wantCalls {
+				t.Errorf("fetched %d times, want %d", calls.Load(), tc.wantCalls)
+			}
+		})
+	}
+}
+
+// TestPathFetchesOnceUnderConcurrency: many goroutines (as parallel tests do) and a second
+// "process" (a fresh per-process memo, same cache) ask at once; the tool is fetched once.
+func TestPathFetchesOnceUnderConcurrency(t *testing.T) {
+	t.Setenv(CacheDirEnv, t.TempDir())
+	var calls atomic.Int32
+	tool := fakeTool(t, "concurrent", &calls, nil)
+	var wg sync.WaitGroup
+	paths := make([]string, 8)
+	errs := make([]error, 8)
+	for i := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 1 {
+				// The file lock, not the in-process memo, must hold here.
+				p, err := tool.fetchLocked(context.Background(), mustDir(t, tool))
+				paths[i], errs[i] = p, err
+				return
+			}
+			paths[i], errs[i] = tool.Path(context.Background())
+		}()
+	}
+	wg.Wait()
+	for i := range paths {
+		if errs[i] != nil || paths[i] != paths[0] {
+			t.Errorf("caller %d: %q, %v; want %q", i, paths[i], errs[i], paths[0])
+		}
+	}
+	if calls.Load() != 1 {
+		t.Errorf("fetched %d times, want once", calls.Load())
+	}
+}
+
+func mustDir(t *testing.T, tool Tool) string {
+	t.Helper()
+	d, err := tool.Dir()
+	if err != nil {
+		t.Error(err)
+	}
+	return d
+}
+
+func TestBinaryName(t *testing.T) {
+	for pkg, want := range map[string]string{
+		"helm.sh/helm/v3/cmd/helm":           "helm",
+		"sigs.k8s.io/kustomize/kustomize/v5": "kustomize",
+		"example.com/tool/v":                 "v",
+		"example.com/vet":                    "vet",
+	} {
+		if got := binaryName(pkg); got != want {
+			t.Errorf("binaryName(%q) = %q, want %q", pkg, got, want)
+		}
+	}
+}

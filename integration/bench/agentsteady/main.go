@@ -135,7 +135,7 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 			return err
 		}
 		conf := filepath.Join(dir, "no-imds.yaml")
-		if err := os.WriteFile(conf, []byte("imds:\n  disabled: true\n"), 0o600); err != nil {
+		if err := os.WriteFile(conf, []byte("apiVersion: nodevigil.io/v1alpha1\nkind: AgentConfig\nimds:\n  disabled: true\n"), 0o600); err != nil {
 			return err
 		}
 		otherAddr, err := freeAddr()
@@ -158,6 +158,11 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	time.Sleep(warmup)
 	if exited, err := agent.Exited(); exited {
 		return fmt.Errorf("agent exited during warm-up: %v\n%s", err, agent.LogTail(30))
+	}
+	if other != nil {
+		if exited, err := other.Exited(); exited {
+			return fmt.Errorf("comparison agent exited during warm-up: %v\n%s", err, other.LogTail(30))
+		}
 	}
 	before, err := requestCounts(ctx, cp.Config())
 	if err != nil {

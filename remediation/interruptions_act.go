@@ -9,6 +9,7 @@ package remediation
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
 // Interruption bookkeeping on the Node.
@@ -135,6 +137,7 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 			c.intr.mu.Lock()
 			delete(c.intr.reserved, node.Name)
 			c.intr.mu.Unlock()
+			c.unreserve(node.Name)
 			return 0, err
 		}
 		node = n
@@ -145,17 +148,24 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	if gov.Action == config.InterruptionCordonOnly {
 		return interruptionRecheck, nil
 	}
-	// Drain (Replace drains the same way; the early termination is not implemented yet).
-	res := c.drain(ctx, node, p, now)
-	if res.err != nil {
-		return 0, res.err
+	// Drain (interruptions_drain.go); Replace drains the same way first.
+	res, err := c.drainForInterruption(ctx, node, p, gov, now)
+	if err != nil {
+		return 0, err
 	}
 	if res.done {
 		if node.Annotations[AnnotationInterruption+"-drained"] != record {
-			if _, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruption + "-drained": ptr.To(record)}}); err != nil {
+			n, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruption + "-drained": ptr.To(record)}})
+			if err != nil {
 				return 0, err
 			}
-			c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionDrained, "drained for %s (%s)", gov.Interruption.Code, gov.Interruption.ID)
+			node = n
+			msg := fmt.Sprintf("drained for %s (%s)", gov.Interruption.Code, gov.Interruption.ID)
+			if len(res.kept) > 0 {
+				msg += fmt.Sprintf("; %d pod(s) annotated %s=true kept by interruptions.doNotDisruptPods Keep stay until AWS interrupts the instance (%s)",
+					len(res.kept), decide.AnnotationDoNotDisrupt, list(res.kept))
+			}
+			c.recorder.Event(node, corev1.EventTypeNormal, EventInterruptionDrained, msg)
 		}
 		return interruptionRecheck, nil
 	}
@@ -210,6 +220,7 @@ func (c *Controller) undoInterruption(ctx context.Context, node *corev1.Node, ma
 		return err
 	}
 	c.intr.forget(node.Name)
+	c.unreserve(node.Name)
 	c.recorder.Eventf(n, corev1.EventTypeNormal, EventInterruptionUndone, "the AWS event behind %s is no longer pending; uncordoned and untainted", marked)
 	c.log.Info("interruption undone", "node", node.Name, "reason", marked)
 	return nil

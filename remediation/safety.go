@@ -50,9 +50,9 @@ type census struct {
 	// interrupting maps every node nodevigil holds cordoned for an AWS interruption (its
 	// nodevigil.io/interruption mark) to its pool key.
 	interrupting map[string]string
-	reasons  map[string]int    // decision reason → nodes
-	blocked  map[string]int    // block reason → nodes recorded Blocked
-	draining int
+	reasons      map[string]int // decision reason → nodes
+	blocked      map[string]int // block reason → nodes recorded Blocked
+	draining     int
 }
 
 type poolCount struct {

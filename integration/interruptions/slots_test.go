@@ -25,9 +25,15 @@ import (
 // interruptions block (start keeps remediation off).
 func (e *env) startPolicy(policy string, extra ...string) {
 	e.t.Helper()
+	e.startPolicyMode(false, policy, extra...)
+}
+
+// startPolicyMode is startPolicy in dry-run or live mode.
+func (e *env) startPolicyMode(dryRun bool, policy string, extra ...string) {
+	e.t.Helper()
 	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
 kind: RemediatorConfig
-dryRun: false
+dryRun: %t
 agentNamespace: %s
 agentLeaseDuration: %ds
 zonePauseThreshold: 100%%
@@ -40,7 +46,7 @@ policies:
   nodeSelector: ""
   action: None
   interruptions: {spotInterruption: Ignore, rebalanceRecommendation: Ignore, scheduledReboot: Ignore, scheduledRetirement: Ignore, asgTermination: Ignore}
-`, e.ns, leaseSeconds, poolLabel, e.pool, indent(policy, "  "))
+`, dryRun, e.ns, leaseSeconds, poolLabel, e.pool, indent(policy, "  "))
 	path := filepath.Join(e.t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		e.t.Fatal(err)

@@ -47,7 +47,7 @@ func TestSVGMilestones(t *testing.T) {
 	label := regexp.MustCompile(`fill="#[0-9a-f]+">([a-z ]+ \+\d+s)</text>`)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			svg := string(SVG("title <&>", "a", tt.points))
+			svg := string(SVG("title <&>", "a", tt.points, nil))
 			var got []string
 			for _, m := range label.FindAllStringSubmatch(svg, -1) {
 				got = append(got, m[1])

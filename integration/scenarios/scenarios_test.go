@@ -162,7 +162,7 @@ func (w *world) startRemediator(name string) *testbin.Process {
 		"--listen-address", addr, "--metrics-secure=false", "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
-		"--resync-period", "10s", "--termination-confirm-delay", "2s",
+		"--resync-period", "10s", "--termination-confirm-delay", "2s", "--scheduled-events-interval", "10s",
 		"--log-format", "text",
 	}, "POD_NAME="+name, "AWS_ACCESS_KEY_ID=scenario", "AWS_SECRET_ACCESS_KEY=scenario", "AWS_CA_BUNDLE=")
 	if err != nil {
@@ -262,6 +262,7 @@ type history struct {
 	reasons     []string
 	states      []string
 	cordoned    bool
+	cordonedAt  time.Time // first seen cordoned
 	readyAt     time.Time
 	taintGoneAt time.Time
 	deleted     bool
@@ -306,6 +307,9 @@ func (tr *tracker) observe(nodes []corev1.Node) {
 			h.states = append(h.states, s)
 		}
 		h.cordoned = h.cordoned || n.Spec.Unschedulable
+		if n.Spec.Unschedulable && h.cordonedAt.IsZero() {
+			h.cordonedAt = time.Now()
+		}
 		ready := false
 		for _, c := range n.Status.Conditions {
 			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {

@@ -222,6 +222,7 @@ func (f *Fleet) spotNotice(n *Node) error {
 			f.cfg.Logger.Warn("spot reclaim failed", "node", n.Name, "instance_id", n.InstanceID, "err", err)
 			return
 		}
+		f.record(f.ctx, n, EventInstanceReclaimed, "AWS reclaimed spot instance "+n.InstanceID+" at the notice's deadline")
 		f.cfg.Logger.Info("spot instance reclaimed by AWS", "node", n.Name, "instance_id", n.InstanceID)
 	}()
 	return nil

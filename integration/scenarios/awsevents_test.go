@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodevigil/nodevigil/integration/fleet"
+	"github.com/nodevigil/nodevigil/integration/timeline"
 )
 
 // User problem 2 in make run's fleet: AWS's own events, decided per pool. At once, the general
@@ -50,6 +51,19 @@ func TestAWSEventsDecidedPerPoolInTheFleet(t *testing.T) {
 	}
 	if calls := w.emu.TerminateCalls(); len(calls) != 0 {
 		t.Errorf("TerminateInstances calls %v, want none", calls)
+	}
+	points, err := timeline.Collect(t.Context(), w.client, spot.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var story []string
+	for _, p := range points {
+		story = append(story, p.Reason)
+	}
+	for _, want := range []string{"InterruptionCordoned", "InterruptionDrained", fleet.EventInstanceReclaimed, fleet.EventReplacementJoined} {
+		if !containsString(story, want) {
+			t.Errorf("the spot node's story lacks %s: %v", want, story)
+		}
 	}
 	t.Logf("%s reclaimed by AWS and replaced by %s", spot.Name, r.Name)
 

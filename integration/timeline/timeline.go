@@ -80,7 +80,9 @@ func source(ev corev1.Event) string {
 	return ev.ReportingController
 }
 
-// milestones are the steps of one remediation, in order, and the Event reasons that mark them.
+// milestones are the steps of one remediation, in order, and the Event reasons that mark them:
+// the remediator's own, its interruption handling's (a node drained for an AWS event), and the
+// fleet's (the fault, AWS reclaiming a spot instance, the replacement).
 var milestones = []struct {
 	name    string
 	reasons []string
@@ -88,10 +90,10 @@ var milestones = []struct {
 }{
 	{"fault", []string{"FaultInjected"}, "#d62728"},
 	{"decided", []string{"RemediationStarted"}, "#ff7f0e"},
-	{"cordoned", []string{"Cordoned"}, "#bcbd22"},
-	{"drain started", []string{"DrainStarted"}, "#9467bd"},
-	{"drained", []string{"DrainCompleted", "DrainTimedOut"}, "#8c564b"},
-	{"terminated", []string{"InstanceTerminated", "TerminationRequested"}, "#1f77b4"},
+	{"cordoned", []string{"Cordoned", "InterruptionCordoned"}, "#bcbd22"},
+	{"drain started", []string{"DrainStarted", "InterruptionDraining"}, "#9467bd"},
+	{"drained", []string{"DrainCompleted", "DrainTimedOut", "InterruptionDrained"}, "#8c564b"},
+	{"terminated", []string{"InstanceTerminated", "TerminationRequested", "InstanceReclaimed"}, "#1f77b4"},
 	{"replacement joined", []string{"ReplacementJoined"}, "#17becf"},
 	{"replacement ready", []string{"StartupTaintsRemoved"}, "#2ca02c"},
 }

@@ -35,6 +35,19 @@ func TestSVGMilestones(t *testing.T) {
 				"terminated +38s", "replacement joined +39s", "replacement ready +43s"},
 		},
 		{
+			name: "a spot notice: drained for AWS, reclaimed by AWS",
+			points: []Point{
+				{At: at(0), Node: "a", Reason: "FaultInjected"},
+				{At: at(3), Node: "a", Reason: "InterruptionCordoned"},
+				{At: at(4), Node: "a", Reason: "InterruptionDrained"},
+				{At: at(120), Node: "a", Reason: "InstanceReclaimed"},
+				{At: at(121), Node: "b", Reason: "ReplacementJoined"},
+				{At: at(127), Node: "b", Reason: "StartupTaintsRemoved"},
+			},
+			want:   []string{"fault +0s", "cordoned +3s", "drained +4s", "terminated +120s", "replacement joined +121s", "replacement ready +127s"},
+			absent: []string{"decided"},
+		},
+		{
 			name: "the dead node's own taint removal is not the replacement's",
 			points: []Point{
 				{At: at(0), Node: "a", Reason: "StartupTaintsRemoved"},

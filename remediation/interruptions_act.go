@@ -65,11 +65,16 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	fromEC2, described := c.intr.eventsOf(instanceIDOf(node))
 	ins := MergeInterruptions(InterruptionsFromNode(node), fromEC2)
 	marked, isMarked := node.Annotations[AnnotationInterruption]
-	if isMarked && rebootedForEvent(node, marked) {
+	// Like every undo, this needs a source that can see the instance's scheduled events (EC2
+	// described it, or the agent's condition is known): a replica that sees neither knows
+	// nothing of the event.
+	sees := described || conditionKnown(node, ConditionNoScheduledEvent)
+	if isMarked && sees && rebootedForEvent(node, marked) {
 		return interruptionRecheck, c.undoAfterReboot(ctx, node, marked)
 	}
 	// An event the instance already rebooted for is over for nodevigil, even while EC2 still
-	// lists it (its state lags); its record goes once no source reports it.
+	// lists it (its state lags); its record goes once no source reports it and one that could
+	// does not (positive knowledge, as for undo).
 	done, hasDone := node.Annotations[AnnotationInterruptionRebootedFor]
 	plans := make([]InterruptionPlan, 0, len(ins))
 	var next time.Duration
@@ -85,7 +90,7 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 			next = d
 		}
 	}
-	if hasDone && !stillListed {
+	if hasDone && !stillListed && sees {
 		n, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruptionRebootedFor: nil}})
 		if err != nil {
 			return 0, err
@@ -211,14 +216,7 @@ func markedEventGone(node *corev1.Node, marked string, pending []Interruption, d
 			return false
 		}
 	}
-	known := func(t corev1.NodeConditionType) bool {
-		for _, c := range node.Status.Conditions {
-			if c.Type == t {
-				return c.Status == corev1.ConditionTrue || c.Status == corev1.ConditionFalse
-			}
-		}
-		return false
-	}
+	known := func(t corev1.NodeConditionType) bool { return conditionKnown(node, t) }
 	switch InterruptionKind(id) {
 	case KindSpotInterruption:
 		return known(ConditionNoSpotInterruption)
@@ -258,6 +256,17 @@ func (c *Controller) undoAfterReboot(ctx context.Context, node *corev1.Node, mar
 	msg := fmt.Sprintf("the node rebooted for %s (boot ID %s → %s) and is Ready; uncordoned and untainted, and the event is not acted on again",
 		marked, node.Annotations[AnnotationInterruptionBootID], node.Status.NodeInfo.BootID)
 	return c.undo(ctx, node, marked, msg, map[string]*string{AnnotationInterruptionRebootedFor: ptr.To(id)})
+}
+
+// conditionKnown reports whether the agent's condition t is True or False on node (not absent,
+// not Unknown).
+func conditionKnown(node *corev1.Node, t corev1.NodeConditionType) bool {
+	for _, c := range node.Status.Conditions {
+		if c.Type == t {
+			return c.Status == corev1.ConditionTrue || c.Status == corev1.ConditionFalse
+		}
+	}
+	return false
 }
 
 // undoInterruption uncordons and untaints a node nodevigil cordoned for an event that no

@@ -85,3 +85,21 @@ func TestUndoAfterRebootByBootID(t *testing.T) {
 		t.Error("rebooted-for record kept after the event left EC2's list")
 	}
 }
+
+// TestRebootUndoNeedsASourceThatSeesTheInstance: a replica that neither described the instance
+// nor has the agent's condition knows nothing of its events, so a changed boot ID alone lifts
+// no cordon there (as for every undo: positive knowledge only).
+func TestRebootUndoNeedsASourceThatSeesTheInstance(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "policies:\n- name: general\n  nodeSelector: karpenter.sh/nodepool=general\n  action: None\n"))
+	mark := "instance-event-00000000000000005/CordonOnly"
+	h.healthy(newNode("r", inPool("general"), withAnnotation(AnnotationInterruption, mark),
+		withAnnotation(AnnotationInterruptionBootID, "boot-1"), func(n *corev1.Node) {
+			n.Spec.Unschedulable = true
+			n.Spec.Taints = withInterruptionTaint(nil)
+		}))
+	setBootID(h, "r", "boot-2", corev1.ConditionTrue)
+	syncN(h, "r", 2)
+	if len(cordoned(h, "r")) != 1 || h.node("r").Annotations[AnnotationInterruption] != mark {
+		t.Fatalf("cordon lifted by a replica that cannot see the instance's events: %v", h.node("r").Annotations)
+	}
+}

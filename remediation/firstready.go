@@ -29,6 +29,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"golang.org/x/time/rate"
+
 	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
@@ -105,15 +107,10 @@ func (c *Controller) runFirstReadyWriter(ctx context.Context) {
 // writeQueuedFirstReady waits for a token of the writer's bucket (on the controller's clock)
 // and writes name's record if it is still missing.
 func (c *Controller) writeQueuedFirstReady(ctx context.Context, name string) {
-	now := c.clock.Now()
-	r := c.firstReadyLimiter.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		select {
-		case <-ctx.Done():
-			r.CancelAt(c.clock.Now())
-			return
-		case <-c.clock.After(d):
-		}
+	r := c.firstReadyLimiter.ReserveN(c.clock.Now(), 1)
+	if !c.waitFor(ctx, r) {
+		r.CancelAt(c.clock.Now())
+		return
 	}
 	node, err := c.nodes.Get(name)
 	at := c.readyMem.seen(name)
@@ -123,6 +120,32 @@ func (c *Controller) writeQueuedFirstReady(ctx context.Context, name string) {
 	if err := c.recordFirstReady(ctx, node, at); err != nil && ctx.Err() == nil {
 		c.log.Warn("record first ready failed; retrying", "node", name, "err", err)
 		c.firstReadyQueue.AddAfter(name, firstReadyRetry)
+	}
+}
+
+// waitFor waits on the controller's clock until the reservation's token is due; false if ctx
+// ended first. A timer is armed for a delay computed from a reading of the clock; if the clock
+// moved between that reading and the arming, the timer would fire that much late (with a fake
+// clock, never, if the test steps only once), so the delay is computed again until the clock
+// stood still while the timer was armed.
+func (c *Controller) waitFor(ctx context.Context, r *rate.Reservation) bool {
+	for {
+		now := c.clock.Now()
+		d := r.DelayFrom(now)
+		if d <= 0 {
+			return true
+		}
+		t := c.clock.NewTimer(d)
+		if !c.clock.Now().Equal(now) {
+			t.Stop()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C():
+		}
 	}
 }
 

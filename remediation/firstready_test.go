@@ -3,11 +3,14 @@ package remediation
 import (
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
@@ -79,6 +82,60 @@ func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
 		if got := node.Annotations[decide.AnnotationFirstReady]; got != t0.Format(time.RFC3339) {
 			t.Errorf("%s: first-ready-at %q, want the time it was first seen ready %s", node.Name, got, t0.Format(time.RFC3339))
 		}
+	}
+}
+
+// stepWhileArming is the harness's fake clock, except that the first timer armed once armNext
+// is set finds the clock already moved by step: a test's Step landing between the writer's
+// reading of the clock and its arming of the timer, which is what made
+// TestFirstReadyRecordsArePacedNotStormed fail under load.
+type stepWhileArming struct {
+	*testingclock.FakeClock
+	step    time.Duration
+	armNext atomic.Bool
+}
+
+func (s *stepWhileArming) before() {
+	if s.armNext.CompareAndSwap(true, false) {
+		s.FakeClock.Step(s.step)
+	}
+}
+
+func (s *stepWhileArming) NewTimer(d time.Duration) clock.Timer {
+	s.before()
+	return s.FakeClock.NewTimer(d)
+}
+
+func (s *stepWhileArming) After(d time.Duration) <-chan time.Time {
+	s.before()
+	return s.FakeClock.After(d)
+}
+
+// The paced writer out of tokens reads the clock, the clock moves past the next token, then
+// the writer arms its timer: the record is written without waiting for another step. Before,
+// the timer was armed for the delay read before the step, from the time after it, and fired a
+// whole step late.
+func TestFirstReadyWriterWaitsFromTheClockItArmedOn(t *testing.T) {
+	var clk *stepWhileArming
+	h := newHarness(t, nil, func(h *harness, c *Config) {
+		clk = &stepWhileArming{FakeClock: h.clock, step: time.Second}
+		c.Clock = clk
+		c.FirstReadyBurst = 1
+	})
+	for _, name := range []string{"a", "b"} {
+		h.healthy(newNode(name, notRecordedReady))
+		if _, err := h.sync(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.armNext.Store(true)
+	go h.c.runFirstReadyWriter(h.ctx)
+	t.Cleanup(h.c.firstReadyQueue.ShutDown)
+	// a takes the one token; b's is due 0.5 s later, and the clock moves 1 s while the writer
+	// arms its timer: b is due, and no further step comes.
+	h.waitFor("both records without another step", func() bool { return h.firstReadyPatches() == 2 })
+	if clk.armNext.Load() {
+		t.Fatal("the writer never armed a timer: the test proves nothing")
 	}
 }
 

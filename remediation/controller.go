@@ -343,7 +343,7 @@ func New(cfg Config) (*Controller, error) {
 		workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Clock: cfg.Clock},
 	)
-	c.readyMem.at = map[string]time.Time{}
+	c.readyMem.at, c.readyMem.queued, c.readyMem.gauge = map[string]time.Time{}, map[string]struct{}{}, m.firstReadyQueued
 	c.firstReadyQueue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Clock: cfg.Clock})
 	c.firstReadyLimiter = rate.NewLimiter(rate.Limit(cfg.FirstReadyRate), cfg.FirstReadyBurst)
 

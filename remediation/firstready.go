@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/nodevigil/nodevigil/remediation/decide"
@@ -49,6 +50,18 @@ const (
 type readyMemory struct {
 	mu sync.RWMutex
 	at map[string]time.Time
+	// queued are the nodes remembered whose record the background writer has not finished
+	// with; its size is the first_ready_queued gauge.
+	queued map[string]struct{}
+	gauge  prometheus.Gauge
+}
+
+// done notes that the background writer is finished with name.
+func (m *readyMemory) done(name string) {
+	m.mu.Lock()
+	delete(m.queued, name)
+	m.gauge.Set(float64(len(m.queued)))
+	m.mu.Unlock()
 }
 
 func (m *readyMemory) seen(name string) time.Time {
@@ -66,12 +79,16 @@ func (m *readyMemory) remember(name string, t time.Time) bool {
 		return false
 	}
 	m.at[name] = t
+	m.queued[name] = struct{}{}
+	m.gauge.Set(float64(len(m.queued)))
 	return true
 }
 
 func (m *readyMemory) forget(name string) {
 	m.mu.Lock()
 	delete(m.at, name)
+	delete(m.queued, name)
+	m.gauge.Set(float64(len(m.queued)))
 	m.mu.Unlock()
 }
 
@@ -115,12 +132,15 @@ func (c *Controller) writeQueuedFirstReady(ctx context.Context, name string) {
 	node, err := c.nodes.Get(name)
 	at := c.readyMem.seen(name)
 	if err != nil || decide.FirstReady(node) || at.IsZero() || !c.leading.Load() {
+		c.readyMem.done(name)
 		return
 	}
 	if err := c.recordFirstReady(ctx, node, at); err != nil && ctx.Err() == nil {
 		c.log.Warn("record first ready failed; retrying", "node", name, "err", err)
 		c.firstReadyQueue.AddAfter(name, firstReadyRetry)
+		return
 	}
+	c.readyMem.done(name)
 }
 
 // waitFor waits on the controller's clock until the reservation's token is due; false if ctx

@@ -1,12 +1,14 @@
 package remediation
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -42,6 +44,24 @@ func (h *harness) waitFor(what string, cond func() bool) {
 	}
 }
 
+// startFirstReadyWriter runs the paced writer until the test ends, and waits for it to return
+// before the test completes: a writer still logging its last record after the test ended
+// panicked ("Write called after ... has completed"), one of the ways
+// TestFirstReadyRecordsArePacedNotStormed failed under load.
+func (h *harness) startFirstReadyWriter() {
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.c.runFirstReadyWriter(ctx)
+	}()
+	h.t.Cleanup(func() {
+		cancel()
+		h.c.firstReadyQueue.ShutDown()
+		<-done
+	})
+}
+
 // A new leader of many ready nodes that carry no first-ready record (a first install) judges
 // them as ready at once, from memory, and writes the records paced by their own token bucket:
 // no PATCH storm competing with remediation. Before, every node was patched inside its first
@@ -64,9 +84,11 @@ func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
 	if got := h.firstReadyPatches(); got != 0 {
 		t.Fatalf("%d first-ready patches sent inside the reconciles, want 0 (queued for the paced writer)", got)
 	}
+	if got := testutil.ToFloat64(h.c.metrics.firstReadyQueued); got != n {
+		t.Fatalf("first_ready_queued = %v, want %d", got, n)
+	}
 
-	go h.c.runFirstReadyWriter(h.ctx)
-	t.Cleanup(h.c.firstReadyQueue.ShutDown)
+	h.startFirstReadyWriter()
 	h.waitFor("the burst", func() bool { return h.firstReadyPatches() == DefaultFirstReadyBurst && h.clock.HasWaiters() })
 	// Out of tokens: the writer waits on the clock, sending nothing more.
 	if got := h.firstReadyPatches(); got != DefaultFirstReadyBurst {
@@ -77,6 +99,7 @@ func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
 		want = min(n, want+int(DefaultFirstReadyRate))
 		h.waitFor(fmt.Sprintf("%d records", want), func() bool { return h.firstReadyPatches() == want })
 	}
+	h.waitFor("first_ready_queued back to 0", func() bool { return testutil.ToFloat64(h.c.metrics.firstReadyQueued) == 0 })
 	for i := range n {
 		node := h.node(fmt.Sprintf("node-%02d", i))
 		if got := node.Annotations[decide.AnnotationFirstReady]; got != t0.Format(time.RFC3339) {
@@ -129,8 +152,7 @@ func TestFirstReadyWriterWaitsFromTheClockItArmedOn(t *testing.T) {
 		}
 	}
 	clk.armNext.Store(true)
-	go h.c.runFirstReadyWriter(h.ctx)
-	t.Cleanup(h.c.firstReadyQueue.ShutDown)
+	h.startFirstReadyWriter()
 	// a takes the one token; b's is due 0.5 s later, and the clock moves 1 s while the writer
 	// arms its timer: b is due, and no further step comes.
 	h.waitFor("both records without another step", func() bool { return h.firstReadyPatches() == 2 })
@@ -178,5 +200,58 @@ func TestFirstReadyPersistedWhenTheStartupTaintComesBack(t *testing.T) {
 	}
 	if len(h.cloud.Terminates()) != 0 {
 		t.Errorf("terminated %v", h.cloud.Terminates())
+	}
+}
+
+// A change of leader lost the record of a day-old node (it was still queued when the old
+// leader died) and the node got its startup taint back before this leader saw it ready: no
+// record, no memory. This leader has not watched it since its creation and its startup
+// deadline is long past, so it is presumed ready, said once in a FirstReadyPresumed Event, and
+// left to the normal tolerations. A node created after this leader began observing that never
+// shed its taint is still replaced at its deadline. Before, the day-old node was terminated
+// for StartupDeadlineExceeded.
+func TestRecordLostOnLeaderChangeIsPresumedReady(t *testing.T) {
+	h := newHarness(t, nil) // leading since t0-1h
+	taint := func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: config.DefaultStartupTaint, Effect: corev1.TaintEffectNoSchedule})
+	}
+	lost := h.healthy(newNode("lost", notRecordedReady, taint))
+	stuck := h.healthy(newNode("stuck", notRecordedReady, taint, func(n *corev1.Node) {
+		n.CreationTimestamp = metav1.NewTime(t0.Add(-30 * time.Minute))
+	}))
+	h.healthy(newNode("other"))
+
+	for range 3 {
+		if _, err := h.sync(lost.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	events := h.events()
+	presumed := 0
+	for _, e := range events {
+		if strings.Contains(e, EventFirstReadyPresumed) {
+			presumed++
+			if !strings.Contains(e, "presumed ready: no first-ready record, not watched by this leader since its creation") {
+				t.Errorf("event does not name the rule: %q", e)
+			}
+		}
+	}
+	if presumed != 1 {
+		t.Errorf("%d FirstReadyPresumed events, want exactly 1: %v", presumed, events)
+	}
+	if st := h.node(lost.Name).Annotations[decide.AnnotationState]; st != "" || hasEvent(events, decide.ReasonStartupDeadlineExceeded) {
+		t.Fatalf("node presumed ready was remediated: state %q, events %v", st, events)
+	}
+
+	// The positive control: watched since its creation, never ready, past its deadline.
+	if _, err := h.sync(stuck.Name); err != nil {
+		t.Fatal(err)
+	}
+	events = h.events()
+	if got := h.cloud.Terminates(); len(got) != 1 || got[0] != instanceOf(stuck) || !hasEvent(events, decide.ReasonStartupDeadlineExceeded) {
+		t.Fatalf("terminates %v, want only the never-ready node %s; events %v", got, instanceOf(stuck), events)
+	}
+	if !strings.Contains(strings.Join(events, "\n"), "never ready: watched by this leader since its creation") {
+		t.Errorf("StartupDeadlineExceeded does not name the rule: %v", events)
 	}
 }

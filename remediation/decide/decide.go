@@ -214,6 +214,10 @@ type Decision struct {
 	// silent — which is when the record starts to matter, so it must survive a change of
 	// leader.
 	PersistFirstReady bool
+	// PresumedReady reports that the node does not look ready, has no first-ready record,
+	// and was judged as having been ready by presumption (everReady's rule 5): the startup
+	// deadline did not apply to it. The controller says so in an Event, once.
+	PresumedReady bool
 }
 
 var defaultPolicy = func() *config.Policy {
@@ -224,27 +228,33 @@ var defaultPolicy = func() *config.Policy {
 // Decide judges one node. It is pure: the same Input always gives the same Decision.
 func Decide(in Input) Decision {
 	d := decideNode(in)
-	d.PersistFirstReady = persistFirstReady(in)
+	if in.Node == nil || FirstReady(in.Node) {
+		return d
+	}
+	if in.Policy == nil {
+		in.Policy = defaultPolicy
+	}
+	switch {
+	case !in.SeenReadyAt.IsZero():
+		d.PersistFirstReady = !looksReady(in)
+	case everReady(in).rule == rulePresumed:
+		d.PresumedReady = !looksReady(in)
+	}
 	return d
 }
 
-// persistFirstReady reports whether the node is first ready only in the leader's memory and
-// does not look ready now (see Decision.PersistFirstReady).
-func persistFirstReady(in Input) bool {
-	if in.Node == nil || in.SeenReadyAt.IsZero() || FirstReady(in.Node) {
-		return false
-	}
+// looksReady reports whether the node looks ready now: Ready=True, no startup taint and a live
+// kubelet. A node first ready only in the leader's memory that stops looking so must have its
+// record persisted (Decision.PersistFirstReady).
+func looksReady(in Input) bool {
 	p := in.Policy
-	if p == nil {
-		p = defaultPolicy
-	}
 	ready := condition(in.Node, corev1.NodeReady)
 	if ready == nil || ready.Status != corev1.ConditionTrue || startupTaint(in.Node, p.StartupTaints) != "" {
-		return true
+		return false
 	}
 	brief := in
 	brief.NoMessage = true
-	return kubeletSignal(brief).stale
+	return !kubeletSignal(brief).stale
 }
 
 // Reason of the Ready condition kube-controller-manager's node lifecycle controller sets on a

@@ -51,7 +51,10 @@
 // startup failure:
 // the node is judged by its heartbeats, Ready and the agent conditions the policy names (the
 // agent re-adds its taint because one of its checks failed, and that check's condition carries
-// the time and the toleration), and the taint is only mentioned in the message.
+// the time and the toleration), and the taint is only mentioned in the message. Without a record
+// or memory, "never ready" needs evidence (everReady): the kubelet never posted status, or this
+// leader has watched the node since its creation; otherwise, past its startup deadline, the
+// node is presumed ready (a change of leader may have lost the record) and the message says so.
 //
 // Gates applied after the verdict: the do-not-remediate annotation (never act); a policy whose
 // action is None (report only); the startup grace (no remediation of a node younger than

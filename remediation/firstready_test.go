@@ -161,12 +161,15 @@ func TestFirstReadyWriterWaitsFromTheClockItArmedOn(t *testing.T) {
 	}
 }
 
-// A day-old node this leader saw ready, whose record is still queued, gets its startup taint
+// A node this leader saw ready, whose record is still queued, gets its startup taint
 // back: the record is written at once (it now matters, and must outlive this leader) and the
 // node is not treated as one that never became ready.
 func TestFirstReadyPersistedWhenTheStartupTaintComesBack(t *testing.T) {
 	h := newHarness(t, nil)
-	n := h.healthy(newNode("back", notRecordedReady))
+	// Created after this leader began observing (t0-1h), past its startup deadline (20m): its
+	// memory is all that says the node was ready (without it the node would be "watched since
+	// its creation and never seen ready", not presumed ready).
+	n := h.healthy(newNode("back", notRecordedReady, func(n *corev1.Node) { n.CreationTimestamp = metav1.NewTime(t0.Add(-30 * time.Minute)) }))
 	h.healthy(newNode("other"))
 	if _, err := h.sync(n.Name); err != nil {
 		t.Fatal(err)

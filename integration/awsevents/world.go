@@ -86,8 +86,9 @@ type World struct {
 	// AgentLease is the agents' --lease-duration and the remediator's agentLeaseDuration
 	// (also its observe period after start).
 	AgentLease time.Duration
-	// Logf, when set, receives the tail of a process's log when it is stopped after a failure.
-	Logf func(format string, args ...any)
+	// RemediatorLogLevel is the remediator's --log-level ("debug" unless set): a benchmark
+	// with thousands of nodes keeps its log in memory and wants "info".
+	RemediatorLogLevel string
 
 	mu         sync.Mutex
 	nodes      []*Node
@@ -95,6 +96,7 @@ type World struct {
 	remAddr    string
 	closers    []func()
 	seq        int
+	bulk       []string // pools of AddBulkNodes, deleted by label on Close
 }
 
 // NewWorld starts an emulator for a World in namespace ns (which must exist), keeping files
@@ -134,6 +136,12 @@ func (w *World) Close() {
 	defer cancel()
 	for _, n := range nodes {
 		_ = w.cl.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+	}
+	w.mu.Lock()
+	bulk := w.bulk
+	w.mu.Unlock()
+	for _, pool := range bulk {
+		_ = w.cl.Client.CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: WorldLabel + "=" + w.NS + "," + PoolLabel + "=" + pool})
 	}
 }
 
@@ -432,7 +440,7 @@ func (w *World) StartRemediator(ctx context.Context, policies string, extra ...s
 		"--cluster-tag-key", ClusterTag,
 		"--leader-elect=false",
 		"--log-format", "text",
-		"--log-level", "debug",
+		"--log-level", cmpOr(w.RemediatorLogLevel, "debug"),
 	}, extra...), "POD_NAME=remediator-"+w.NS, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
 	if err != nil {
 		return err
@@ -507,4 +515,11 @@ func (n *Node) AgentAlive() error {
 		return fmt.Errorf("%w: %s: %v\n%s", ErrAgentExited, n.Name, err, n.Agent.LogTail(30))
 	}
 	return nil
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

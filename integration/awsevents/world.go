@@ -523,3 +523,31 @@ func cmpOr(s, def string) string {
 	}
 	return s
 }
+
+// RemediatorMetric returns the value of the remediator's metric sample whose line starts with
+// series (name and labels exactly as exposed, e.g.
+// `nodevigil_remediator_scheduled_event_polls_total{result="ok"}`), read from its /metrics.
+func (w *World) RemediatorMetric(ctx context.Context, series string) (float64, error) {
+	w.mu.Lock()
+	addr := w.remAddr
+	w.mu.Unlock()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("read remediator metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("read remediator metrics: %w", err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		}
+	}
+	return 0, fmt.Errorf("remediator metrics have no %s", series)
+}

@@ -218,7 +218,7 @@ func run(ctx context.Context, o options) error {
 	var ec2Done chan ec2Result
 	if o.ec2Instances > 0 {
 		ec2Done = make(chan ec2Result, 1)
-		go func() { ec2Done <- countEC2(ctx, w.EC2, o, remStarted) }()
+		go func() { ec2Done <- countEC2(ctx, w, o, remStarted) }()
 	}
 	if o.nodes > 0 {
 		samples, failures := measureLatency(ctx, w, o, byInterval)
@@ -371,13 +371,16 @@ type ec2Result struct {
 	describe   []int         // DescribeInstances calls per minute
 	totalState int
 	totalDesc  int
+	polls      float64 // the remediator's completed polls in the window (its own counter)
 	err        error
 }
 
 // countEC2 waits for the first DescribeInstanceStatus call, then counts calls per minute for
 // -ec2-window, from a one-second sampling of the emulator's counters.
-func countEC2(ctx context.Context, emu *ec2emu.Server, o options, since time.Time) ec2Result {
+func countEC2(ctx context.Context, w *awsevents.World, o options, since time.Time) ec2Result {
 	var r ec2Result
+	emu := w.EC2
+	const pollsOK = `nodevigil_remediator_scheduled_event_polls_total{result="ok"}`
 	for emu.Calls(ec2emu.ActionDescribeInstanceStatus) == 0 {
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
 			r.err = err
@@ -389,7 +392,8 @@ func countEC2(ctx context.Context, emu *ec2emu.Server, o options, since time.Tim
 		}
 	}
 	r.firstPoll = time.Since(since)
-	// The window starts at the first call, and counts it: s0 is 0.
+	// The window starts at the first call, and counts it: s0 is 0, and so is the poll count
+	// (the first poll is still running).
 	start := time.Now()
 	s0, d0 := 0, emu.Calls(ec2emu.ActionDescribeInstances)
 	logf("first DescribeInstanceStatus %s after the remediator was ready; counting EC2 calls for %s", r.firstPoll.Round(time.Millisecond), o.ec2Window)
@@ -405,6 +409,11 @@ func countEC2(ctx context.Context, emu *ec2emu.Server, o options, since time.Tim
 		r.totalDesc += d1 - d0
 		logf("minute %d: %d DescribeInstanceStatus, %d DescribeInstances", len(r.status), s1-s0, d1-d0)
 		s0, d0 = s1, d1
+	}
+	if p, err := w.RemediatorMetric(ctx, pollsOK); err == nil {
+		r.polls = p
+	} else {
+		logf("polls: %v", err)
 	}
 	return r
 }
@@ -427,6 +436,10 @@ func printEC2(o options, r ec2Result) {
 	}
 	n := float64(len(r.status))
 	fmt.Printf("| **mean per minute** | **%.1f** | **%.1f** |\n\n", float64(r.totalState)/n, float64(r.totalDesc)/n)
+	if r.polls > 0 {
+		fmt.Printf("The remediator completed %.0f polls (its scheduled_event_polls_total{result=\"ok\"}) by the end of the window: %.1f DescribeInstanceStatus calls per completed poll (a poll still running at the end adds its calls so far).\n\n",
+			r.polls, float64(r.totalState)/r.polls)
+	}
 }
 
 func loadavg() string {

@@ -308,7 +308,7 @@ func TestCheckShowsPendingAWSEvents(t *testing.T) {
 	defer healthz.Close()
 	emu := ec2emu.New(ec2emu.Config{})
 	const id = "i-0123456789abcdef0"
-	if err := emu.AddInstance(ec2emu.Instance{ID: id}); err != nil {
+	if err := emu.AddInstance(ec2emu.Instance{ID: id, Lifecycle: ec2emu.LifecycleSpot}); err != nil {
 		t.Fatal(err)
 	}
 	emu.SetSpotInstanceAction(id, "terminate", time.Now().Add(2*time.Minute))

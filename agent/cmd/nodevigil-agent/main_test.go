@@ -251,6 +251,15 @@ func TestRunCommandErrors(t *testing.T) {
 	}
 }
 
+func TestGOGC(t *testing.T) {
+	if got := gogc(false); got != gcPercent || gcPercent >= 100 {
+		t.Errorf("gogc(env unset) = %d, want %d (below the runtime's 100)", got, gcPercent)
+	}
+	if got := gogc(true); got != -1 {
+		t.Errorf("gogc(env set) = %d, want -1 (the operator's GOGC stands)", got)
+	}
+}
+
 func TestProcs(t *testing.T) {
 	for _, tc := range []struct {
 		current int

@@ -116,7 +116,7 @@ tools: ## Find or fetch helm, kustomize and promtool (integration/tools) into th
 	@$(NORACE_GO) run -trimpath ./integration/cmd/tools
 
 .PHONY: timeline
-timeline: control-plane kwok ## Regenerate docs/remediation-timeline.svg from a real run (scenario S000's Events).
+timeline: control-plane kwok ## Regenerate docs/remediation-timeline.svg from a real run (scenario S000's Events and remediator metrics).
 	NODEVIGIL_TIMELINE_SVG=$(CURDIR)/docs/remediation-timeline.svg $(GO) test -count=1 -run '^TestS000' ./integration/scenarios/
 
 .PHONY: manifests

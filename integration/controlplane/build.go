@@ -252,7 +252,11 @@ func build(ctx context.Context, cfg BuildConfig, comps []component) error {
 	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, cfg.GoBin, args...)
 	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	// Static and -trimpath, the flavour of every other non-race build here (the images, the
+	// binaries the tests run, `make control-plane` itself): the standard library and the
+	// dependencies at the same versions then compile once for all of them, not once per
+	// flavour (docs/benchmarks.md, "Where the cold time goes").
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod -trimpath", "CGO_ENABLED=0")
 	var stderr bytes.Buffer
 	cmd.Stdout = cfg.Progress
 	cmd.Stderr = io.MultiWriter(&stderr, cfg.Progress)

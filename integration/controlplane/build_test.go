@@ -111,8 +111,9 @@ func TestBuildFailureLeavesNoBinaryInCache(t *testing.T) {
 }
 
 // A cold cache builds kube-apiserver and kube-controller-manager in one go build (their shared
-// packages load once and the two links run in parallel) and etcd in another; a warm one builds
-// nothing.
+// packages load once and the two links run in parallel) and etcd in another, both static and
+// -trimpath (the flavour of the project's other non-race builds, so shared packages compile
+// once); a warm one builds nothing.
 func TestBuildGroupsComponentsByModule(t *testing.T) {
 	cache := t.TempDir()
 	calls := filepath.Join(t.TempDir(), "calls")
@@ -120,7 +121,7 @@ func TestBuildGroupsComponentsByModule(t *testing.T) {
 	// the package's last path element: into the -o directory when it ends in a slash.
 	goBin := filepath.Join(t.TempDir(), "go")
 	script := `#!/bin/sh
-echo "$@" >> ` + calls + `
+echo "$@ | GOFLAGS=$GOFLAGS CGO_ENABLED=$CGO_ENABLED" >> ` + calls + `
 out=""; pkgs=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -163,6 +164,11 @@ done
 	}
 	if !strings.Contains(lines[1], apiServerComponent.pkg) || !strings.Contains(lines[1], controllerManagerComponent.pkg) {
 		t.Errorf("kube-apiserver and kube-controller-manager should build in one invocation, got %q", lines[1])
+	}
+	for _, l := range lines {
+		if !strings.HasSuffix(l, "| GOFLAGS=-mod=mod -trimpath CGO_ENABLED=0") {
+			t.Errorf("want a static -trimpath build (GOFLAGS=-mod=mod -trimpath CGO_ENABLED=0), got %q", l)
+		}
 	}
 	if _, err := FindOrBuild(context.Background(), cfg); err != nil {
 		t.Fatalf("warm FindOrBuild: %v", err)

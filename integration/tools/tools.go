@@ -13,8 +13,9 @@
 //
 // helm and kustomize are `go install`ed at a pinned version from the Go module proxy (the
 // only network this project assumes); promtool comes from Debian's prometheus package
-// (`apt-get download`, no install), because building it from Go compiles Prometheus with
-// every service discovery it links (docs/install.md#alerts-and-dashboard).
+// (`apt-get download`, no install), because building it from Go compiles a large part of
+// Prometheus (docs/install.md#alerts-and-dashboard); only where apt is missing or fails is it
+// built, without the service discoveries (build tag remove_all_sd).
 package tools
 
 import (
@@ -54,6 +55,9 @@ type Tool struct {
 const (
 	HelmVersion      = "v3.19.0"
 	KustomizeVersion = "v5.7.1" // kubectl 1.31+ embeds v5.4 or later; sortOptions needs v5.0
+	// PromtoolSourceVersion is the Prometheus module promtool is built from when Debian's
+	// package cannot be had (module v0.316.0 is Prometheus 3.16).
+	PromtoolSourceVersion = "v0.316.0"
 )
 
 var (
@@ -63,9 +67,15 @@ var (
 	// Kustomize builds manifests/kustomize.
 	Kustomize = Tool{Name: "kustomize", Version: KustomizeVersion, Env: "KUSTOMIZE",
 		Fetch: GoInstall("sigs.k8s.io/kustomize/kustomize/v5", KustomizeVersion)}
-	// Promtool checks and unit-tests the chart's alerting rules.
+	// Promtool checks and unit-tests the chart's alerting rules. Debian's package first (a
+	// 19 MB download); where apt is missing or fails, built from the Prometheus module without
+	// its service discoveries, which promtool's rule checks never use (still minutes of CPU:
+	// docs/benchmarks.md).
 	Promtool = Tool{Name: "promtool", Env: "PROMTOOL", FromPATH: true,
-		Fetch: DebianPackage("prometheus", "./usr/bin/promtool")}
+		Fetch: FirstOf(
+			DebianPackage("prometheus", "./usr/bin/promtool"),
+			GoInstall("github.com/prometheus/prometheus/cmd/promtool", PromtoolSourceVersion, "remove_all_sd"),
+		)}
 )
 
 // All are the tools `go run ./integration/cmd/tools` fetches by default.
@@ -178,20 +188,47 @@ func isExecutable(p string) bool {
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
 
-// GoInstall fetches by `go install pkg@version` into a temporary GOBIN, run outside any module
-// (so the project's go.mod plays no part) and with GOFLAGS cleared.
-func GoInstall(pkg, version string) func(ctx context.Context, dst string) error {
+// FirstOf fetches with each way in turn until one succeeds, and names every failure when none
+// does (e.g. a Debian package, else a build from source where apt is not available).
+func FirstOf(fetches ...func(ctx context.Context, dst string) error) func(ctx context.Context, dst string) error {
+	return func(ctx context.Context, dst string) error {
+		var errs []error
+		for _, f := range fetches {
+			err := f(ctx, dst)
+			if err == nil {
+				return nil
+			}
+			_ = os.Remove(dst)
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// GoInstall fetches by `go install pkg@version` (with the build tags given) into a temporary
+// GOBIN, run outside any module (so the project's go.mod plays no part), with GOFLAGS set to
+// just -trimpath and cgo off.
+func GoInstall(pkg, version string, tags ...string) func(ctx context.Context, dst string) error {
 	return func(ctx context.Context, dst string) error {
 		gobin, err := os.MkdirTemp(filepath.Dir(dst), "gobin-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(gobin)
-		cmd := exec.CommandContext(ctx, "go", "install", pkg+"@"+version)
+		args := []string{"install"}
+		if len(tags) > 0 {
+			args = append(args, "-tags", strings.Join(tags, ","))
+		}
+		cmd := exec.CommandContext(ctx, "go", append(args, pkg+"@"+version)...)
 		cmd.Dir = gobin
-		cmd.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=", "GOWORK=off")
+		// Static and -trimpath like the project's other non-race builds, so that the standard
+		// library and shared dependencies compile once (docs/benchmarks.md).
+		cmd.Env = append(os.Environ(), "GOBIN="+gobin, "GOFLAGS=-trimpath", "GOWORK=off", "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go install %s@%s: %w\n%s", pkg, version, err, out)
+			return fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 		}
 		return os.Rename(filepath.Join(gobin, binaryName(pkg)), dst)
 	}
@@ -212,6 +249,9 @@ func binaryName(pkg string) string {
 // lists yet; as root it then runs `apt-get update` once and retries.
 func DebianPackage(pkg, member string) func(ctx context.Context, dst string) error {
 	return func(ctx context.Context, dst string) error {
+		if _, err := exec.LookPath("apt-get"); err != nil {
+			return fmt.Errorf("no apt-get to download Debian's %s package: %w", pkg, err)
+		}
 		tmp, err := os.MkdirTemp(filepath.Dir(dst), "apt-")
 		if err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -152,5 +153,122 @@ func TestBinaryName(t *testing.T) {
 		if got := binaryName(pkg); got != want {
 			t.Errorf("binaryName(%q) = %q, want %q", pkg, got, want)
 		}
+	}
+}
+
+func TestFirstOf(t *testing.T) {
+	write := func(name string, calls *[]string) func(context.Context, string) error {
+		return func(_ context.Context, dst string) error {
+			*calls = append(*calls, name)
+			return os.WriteFile(dst, []byte("#!/bin/sh\necho "+name+"\n"), 0o755)
+		}
+	}
+	fail := func(name string, calls *[]string) func(context.Context, string) error {
+		return func(_ context.Context, dst string) error {
+			*calls = append(*calls, name)
+			_ = os.WriteFile(dst, []byte("half"), 0o644) // a failed way may leave a partial file
+			return errors.New(name + " failed")
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		ways      []string // "ok:x" or "fail:x"
+		wantCalls string
+		wantFrom  string // the way whose file dst holds; "" when all failed
+		wantErr   string
+	}{
+		{name: "first works: the second is not tried", ways: []string{"ok:apt", "ok:build"}, wantCalls: "apt", wantFrom: "apt"},
+		{name: "first fails: the second's file", ways: []string{"fail:apt", "ok:build"}, wantCalls: "apt,build", wantFrom: "build"},
+		{name: "all fail: every error named, nothing left", ways: []string{"fail:apt", "fail:build"}, wantCalls: "apt,build",
+			wantErr: "apt failed\nbuild failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls []string
+			var ways []func(context.Context, string) error
+			for _, w := range tc.ways {
+				kind, name, _ := strings.Cut(w, ":")
+				if kind == "ok" {
+					ways = append(ways, write(name, &calls))
+				} else {
+					ways = append(ways, fail(name, &calls))
+				}
+			}
+			dst := filepath.Join(t.TempDir(), "tool")
+			err := FirstOf(ways...)(t.Context(), dst)
+			if got := strings.Join(calls, ","); got != tc.wantCalls {
+				t.Errorf("tried %s, want %s", got, tc.wantCalls)
+			}
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				if _, serr := os.Stat(dst); !os.IsNotExist(serr) {
+					t.Errorf("a failed fetch left %s behind (%v)", dst, serr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(dst)
+			if err != nil || !strings.Contains(string(b), "echo "+tc.wantFrom) {
+				t.Errorf("dst holds %q (%v), want the file of %s", b, err, tc.wantFrom)
+			}
+		})
+	}
+}
+
+// TestPromtoolWithoutApt: where apt-get fails (or is missing), promtool is built from the pinned
+// Prometheus module without its service discoveries. The seam is the executables: stand-ins
+// for apt-get and go on PATH record how they were called; Promtool.Path is the real finder.
+func TestPromtoolWithoutApt(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		apt     string // the stand-in apt-get's script body; "" for none on PATH
+		wantApt bool
+	}{
+		{name: "apt-get fails", apt: "echo \"E: no network\" >&2; exit 100", wantApt: true},
+		{name: "no apt-get", apt: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			chmod, err := exec.LookPath("chmod")
+			if err != nil {
+				t.Fatal(err)
+			}
+			bin, cache := t.TempDir(), t.TempDir()
+			record := filepath.Join(t.TempDir(), "calls")
+			stub := func(name, body string) {
+				script := "#!/bin/sh\necho \"" + name + " $*\" >>" + record + "\n" + body + "\n"
+				if err := os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.apt != "" {
+				stub("apt-get", tc.apt)
+			}
+			stub("go", `printf '#!/bin/sh\necho built promtool\n' >"$GOBIN/promtool" && `+chmod+` +x "$GOBIN/promtool" && echo "env $GOFLAGS $CGO_ENABLED" >>`+record)
+			t.Setenv("PATH", bin)
+			t.Setenv("PROMTOOL", "")
+			t.Setenv(CacheDirEnv, cache)
+			p, err := Promtool.Path(t.Context())
+			if err != nil {
+				t.Fatalf("Path(): %v", err)
+			}
+			if want := filepath.Join(cache, "promtool", "promtool"); p != want {
+				t.Errorf("Path() = %s, want %s", p, want)
+			}
+			b, err := os.ReadFile(record)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls := string(b)
+			if got := strings.Contains(calls, "apt-get download prometheus"); got != tc.wantApt {
+				t.Errorf("apt-get download tried: %v, want %v; calls:\n%s", got, tc.wantApt, calls)
+			}
+			wantGo := "go install -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool@" + PromtoolSourceVersion
+			if !strings.Contains(calls, wantGo) || !strings.Contains(calls, "env -trimpath 0") {
+				t.Errorf("calls:\n%s\nwant %q with GOFLAGS=-trimpath CGO_ENABLED=0", calls, wantGo)
+			}
+		})
 	}
 }

@@ -50,6 +50,10 @@ const (
 	EventInterruptionDrained  = "InterruptionDrained"
 	EventInterruptionUndone   = "InterruptionUndone"
 	EventInterruptionDryRun   = "InterruptionDryRun"
+	// EventInterruptionNotified tells, once per event, an event only EC2 lists whose policy
+	// action is Notify: on a node with no agent (or whose agent has not read it yet) nothing
+	// else would say it.
+	EventInterruptionNotified = "InterruptionNotified"
 )
 
 // interruptionRecheck is how often a node with a pending interruption is reconsidered while
@@ -97,6 +101,7 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 		}
 		node = n
 	}
+	c.notifyEC2Only(node, p, plans)
 	gov, due := GoverningPlan(plans, now)
 	acts := due && acting(gov.Action)
 
@@ -331,4 +336,26 @@ func interruptionRequeue(a, b time.Duration) time.Duration {
 		return a
 	}
 	return min(a, b)
+}
+
+// notifyEC2Only records an InterruptionNotified Event for each event of plans that only EC2
+// reports and that the policy only reports (Notify): where an agent reports an event, its
+// condition and Event already tell it.
+func (c *Controller) notifyEC2Only(node *corev1.Node, p *config.Policy, plans []InterruptionPlan) {
+	for _, pl := range plans {
+		in := pl.Interruption
+		if pl.Action != config.InterruptionNotify || contains(in.Sources, SourceAgent) {
+			continue
+		}
+		if !c.intr.note(node.Name, "notified/"+in.ID) {
+			continue
+		}
+		when := "at an unknown time"
+		if !in.NotBefore.IsZero() {
+			when = "not before " + ts(in.NotBefore)
+		}
+		c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionNotified, "EC2 lists %s %s for instance %s, %s; policy %s says Notify: nothing is done",
+			in.Code, in.ID, instanceIDOf(node), when, p.Name)
+		c.log.Info("interruption notified", "node", node.Name, "reason", in.Code, "instance_id", instanceIDOf(node))
+	}
 }

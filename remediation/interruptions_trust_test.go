@@ -249,3 +249,38 @@ func TestCordonKeptWhileTheEventIsNotPositivelyGone(t *testing.T) {
 		t.Fatal("still cordoned once the agent says the notice is gone")
 	}
 }
+
+// TestEC2OnlyNotifyIsTold: an event only EC2 lists, on a pool whose policy says Notify, is told
+// once in an InterruptionNotified Event (no agent condition tells it), and nothing is done; an
+// event the agent also reports is left to the agent's own Event.
+func TestEC2OnlyNotifyIsTold(t *testing.T) {
+	h := newHarness(t, liveConfig(t, interruptionPolicies))
+	src := &fakeEvents{known: map[string]bool{}, events: map[string][]ec2.ScheduledEvent{}}
+	h.c.cfg.ScheduledEvents = src
+	h.healthy(newNode("k1", inPool("kafka")))
+	nb := t0.Add(30 * time.Minute)
+	src.set(instanceOf(h.node("k1")), ec2.ScheduledEvent{ID: "instance-event-00000000000000001", Code: "system-reboot", Description: "scheduled reboot", NotBefore: nb})
+	h.healthy(newNode("k2", inPool("kafka"), withCondition(ConditionNoScheduledEvent, corev1.ConditionFalse, "SystemReboot",
+		"system-reboot instance-event-00000000000000002: scheduled reboot; not before "+nb.UTC().Format(time.RFC3339))))
+	src.set(instanceOf(h.node("k2")), ec2.ScheduledEvent{ID: "instance-event-00000000000000002", Code: "system-reboot", Description: "scheduled reboot", NotBefore: nb})
+	h.c.pollScheduledEvents(h.ctx)
+	h.events()
+	for range 3 {
+		syncN(h, "k1", 1)
+		syncN(h, "k2", 1)
+	}
+	var told []string
+	for _, e := range h.events() {
+		if strings.Fields(e)[1] == EventInterruptionNotified {
+			told = append(told, e)
+		}
+	}
+	if len(told) != 1 || !strings.Contains(told[0], "instance-event-00000000000000001") || !strings.Contains(told[0], "policy kafka says Notify") {
+		t.Errorf("InterruptionNotified events %q, want one, for k1's EC2-only event", told)
+	}
+	for _, n := range []string{"k1", "k2"} {
+		if h.node(n).Spec.Unschedulable {
+			t.Errorf("%s cordoned under Notify", n)
+		}
+	}
+}

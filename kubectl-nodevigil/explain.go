@@ -77,9 +77,12 @@ func explain(w io.Writer, s *snapshot, views []*nodeView, v *nodeView, evs []cor
 		if c.Message != "" {
 			fmt.Fprintf(w, ": %s", strings.TrimSuffix(c.Message, "."))
 		}
+		_, _, aws := awsEventPolicy(c.Type, p.Interruptions)
 		switch {
 		case counted:
 			fmt.Fprintf(w, ". Policy %s tolerates it False for %s.\n", p.Name, tol)
+		case aws:
+			fmt.Fprintf(w, ". %s.\n", awsEventSentence(p.Name, c.Type, p.Interruptions))
 		default:
 			fmt.Fprintf(w, ". Policy %s does not list it, so on its own it never leads to remediation.\n", p.Name)
 		}
@@ -95,7 +98,10 @@ func explain(w io.Writer, s *snapshot, views []*nodeView, v *nodeView, evs []cor
 	} else {
 		fmt.Fprintf(w, "  No startup taint of policy %s is present.\n", p.Name)
 	}
-	if v.Unschedulable {
+	switch {
+	case v.Unschedulable && v.Record.Interruption != "":
+		fmt.Fprintf(w, "  %s\n", interruptionSentence(v.Record.Interruption, v.Record.InterruptionWasUnschedulable))
+	case v.Unschedulable:
 		who := "by nodevigil"
 		if v.Record.Phase == "" || v.Record.WasUnschedulable {
 			who = "by someone else (nodevigil will not uncordon it)"

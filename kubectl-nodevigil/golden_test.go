@@ -19,7 +19,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 // goldenNow is the fixed moment the unit golden files are told at.
 // goldenNodes are the nodes explain is told for: every node of the fleet.
-var goldenNodes = []string{"general-a-1", "general-a-2", "general-b-1", "general-b-2", "general-c-1", "general-c-2", "general-c-3", "kafka-a-1", "kafka-b-1"}
+var goldenNodes = []string{"general-a-1", "general-a-2", "general-a-3", "general-b-1", "general-b-2", "general-c-1", "general-c-2", "general-c-3", "kafka-a-1", "kafka-b-1"}
 
 var goldenNow = time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"sort"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -74,6 +75,10 @@ type recordView struct {
 	FirstReadyAt     time.Time `json:"firstReadyAt,omitzero"`
 	DoNotRemediate   string    `json:"doNotRemediate,omitempty"`
 	WasUnschedulable bool      `json:"wasUnschedulable,omitempty"`
+	// Interruption is "<event ID>/<action>" while nodevigil holds the node cordoned for an
+	// AWS event.
+	Interruption                 string `json:"interruption,omitempty"`
+	InterruptionWasUnschedulable bool   `json:"interruptionWasUnschedulable,omitempty"`
 }
 
 // nodeView is one row of status and the facts of explain; -o json prints it.
@@ -181,13 +186,16 @@ func (s *snapshot) view(n *corev1.Node, noAgents bool) *nodeView {
 		FirstReadyAt:     parseTime(a[decide.AnnotationFirstReady]),
 		DoNotRemediate:   a[decide.AnnotationDoNotRemediate],
 		WasUnschedulable: a[decide.AnnotationWasUnschedulable] != "",
+
+		Interruption:                 a[annotationInterruption],
+		InterruptionWasUnschedulable: a[annotationInterruptionWasUnschedulable] == "true",
 	}
 	v.State, v.Reason = state(v, d)
 	return v
 }
 
 // state reads the node's state and its reason: a recorded phase wins, then a Blocked record,
-// then an operator's hold, then the verdict.
+// then a cordon for an AWS event, then an operator's hold, then the verdict.
 func state(v *nodeView, d decide.Decision) (string, string) {
 	r := v.Record
 	switch {
@@ -195,6 +203,9 @@ func state(v *nodeView, d decide.Decision) (string, string) {
 		return r.Phase, r.Reason
 	case r.Blocked != "":
 		return stateBlocked, r.Blocked
+	case r.Interruption != "":
+		id, action, _ := strings.Cut(r.Interruption, "/")
+		return stateInterruption, action + " " + id
 	case decide.DoNotRemediate(v.node):
 		return stateHeld, d.Reason
 	}

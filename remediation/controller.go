@@ -140,6 +140,9 @@ type Config struct {
 	// FirstReadyRate is how many first-ready annotations per second the background writer
 	// sends (firstready.go). Default DefaultFirstReadyRate.
 	FirstReadyRate float64
+	// FirstReadyBurst is how many first-ready annotations the background writer may send at
+	// once (nodes joining together). Default DefaultFirstReadyBurst.
+	FirstReadyBurst int
 	// ObservePeriod is how long a new leader watches before judging anything stale. Default
 	// the agent Lease duration plus its grace (decide.StaleAfter): the moment a Lease this
 	// leader saw at its start and never again would go stale.
@@ -287,6 +290,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.FirstReadyRate <= 0 {
 		cfg.FirstReadyRate = DefaultFirstReadyRate
 	}
+	if cfg.FirstReadyBurst <= 0 {
+		cfg.FirstReadyBurst = DefaultFirstReadyBurst
+	}
 	setDefault(&cfg.ScheduledEventsInterval, DefaultScheduledEventsInterval)
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
@@ -337,9 +343,9 @@ func New(cfg Config) (*Controller, error) {
 		workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Clock: cfg.Clock},
 	)
-	c.readyMem.at = map[string]time.Time{}
+	c.readyMem.at, c.readyMem.queued, c.readyMem.gauge = map[string]time.Time{}, map[string]struct{}{}, m.firstReadyQueued
 	c.firstReadyQueue = workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[string]{Clock: cfg.Clock})
-	c.firstReadyLimiter = rate.NewLimiter(rate.Limit(cfg.FirstReadyRate), DefaultFirstReadyBurst)
+	c.firstReadyLimiter = rate.NewLimiter(rate.Limit(cfg.FirstReadyRate), cfg.FirstReadyBurst)
 
 	if err := c.setupInformers(); err != nil {
 		return nil, err

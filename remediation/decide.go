@@ -26,6 +26,8 @@ type nodeMemory struct {
 	block     string
 	detected  map[string]bool
 	unhealthy bool
+	// presumed: the FirstReadyPresumed Event was emitted for this node.
+	presumed bool
 	// cloudFailures counts consecutive transient cloud failures, for the backoff.
 	cloudFailures int
 	// notFoundSince is when the instance was first seen NotFound while verifying it.
@@ -131,6 +133,13 @@ func (c *Controller) syncNode(ctx context.Context, name string) (time.Duration, 
 	return d.RequeueAfter, nil
 }
 
+// EventFirstReadyPresumed is the Event reason on a node that does not look ready, carries no
+// first-ready record and that this leader has not watched since its creation, past its
+// startup deadline: it is presumed to have been ready (an earlier leader may have seen it so,
+// its record still queued) and judged by its heartbeats and conditions, not by the startup
+// deadline. Emitted once per node and leader.
+const EventFirstReadyPresumed = "FirstReadyPresumed"
+
 // report turns a change of decision into an Event, a counter increment and a log line, and
 // observes detection latency once per episode.
 func (c *Controller) report(node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) {
@@ -144,6 +153,8 @@ func (c *Controller) report(node *corev1.Node, p *config.Policy, d decide.Decisi
 	first := !ok
 	wasUnhealthy := m.unhealthy
 	m.action, m.reason, m.unhealthy = d.Action, d.Reason, d.Unhealthy
+	presumed := d.PresumedReady && !m.presumed
+	m.presumed = m.presumed || d.PresumedReady
 	newDetection := false
 	for _, r := range detectionReasons {
 		if d.Reason == r && !m.detected[r] {
@@ -156,6 +167,10 @@ func (c *Controller) report(node *corev1.Node, p *config.Policy, d decide.Decisi
 	}
 	c.mu.Unlock()
 
+	if presumed {
+		c.recorder.Event(node, corev1.EventTypeNormal, EventFirstReadyPresumed, d.Message)
+		c.log.Info("first ready presumed", "node", node.Name, "reason", d.Reason, "message", d.Message)
+	}
 	if newDetection && !d.Since.IsZero() && c.leading.Load() && d.Since.After(c.observingSinceTime()) {
 		c.metrics.detection.WithLabelValues(d.Reason).Observe(now.Sub(d.Since).Seconds())
 	}

@@ -29,6 +29,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
 	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
@@ -47,6 +50,18 @@ const (
 type readyMemory struct {
 	mu sync.RWMutex
 	at map[string]time.Time
+	// queued are the nodes remembered whose record the background writer has not finished
+	// with; its size is the first_ready_queued gauge.
+	queued map[string]struct{}
+	gauge  prometheus.Gauge
+}
+
+// done notes that the background writer is finished with name.
+func (m *readyMemory) done(name string) {
+	m.mu.Lock()
+	delete(m.queued, name)
+	m.gauge.Set(float64(len(m.queued)))
+	m.mu.Unlock()
 }
 
 func (m *readyMemory) seen(name string) time.Time {
@@ -64,12 +79,16 @@ func (m *readyMemory) remember(name string, t time.Time) bool {
 		return false
 	}
 	m.at[name] = t
+	m.queued[name] = struct{}{}
+	m.gauge.Set(float64(len(m.queued)))
 	return true
 }
 
 func (m *readyMemory) forget(name string) {
 	m.mu.Lock()
 	delete(m.at, name)
+	delete(m.queued, name)
+	m.gauge.Set(float64(len(m.queued)))
 	m.mu.Unlock()
 }
 
@@ -105,24 +124,48 @@ func (c *Controller) runFirstReadyWriter(ctx context.Context) {
 // writeQueuedFirstReady waits for a token of the writer's bucket (on the controller's clock)
 // and writes name's record if it is still missing.
 func (c *Controller) writeQueuedFirstReady(ctx context.Context, name string) {
-	now := c.clock.Now()
-	r := c.firstReadyLimiter.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		select {
-		case <-ctx.Done():
-			r.CancelAt(c.clock.Now())
-			return
-		case <-c.clock.After(d):
-		}
+	r := c.firstReadyLimiter.ReserveN(c.clock.Now(), 1)
+	if !c.waitFor(ctx, r) {
+		r.CancelAt(c.clock.Now())
+		return
 	}
 	node, err := c.nodes.Get(name)
 	at := c.readyMem.seen(name)
 	if err != nil || decide.FirstReady(node) || at.IsZero() || !c.leading.Load() {
+		c.readyMem.done(name)
 		return
 	}
 	if err := c.recordFirstReady(ctx, node, at); err != nil && ctx.Err() == nil {
 		c.log.Warn("record first ready failed; retrying", "node", name, "err", err)
 		c.firstReadyQueue.AddAfter(name, firstReadyRetry)
+		return
+	}
+	c.readyMem.done(name)
+}
+
+// waitFor waits on the controller's clock until the reservation's token is due; false if ctx
+// ended first. A timer is armed for a delay computed from a reading of the clock; if the clock
+// moved between that reading and the arming, the timer would fire that much late (with a fake
+// clock, never, if the test steps only once), so the delay is computed again until the clock
+// stood still while the timer was armed.
+func (c *Controller) waitFor(ctx context.Context, r *rate.Reservation) bool {
+	for {
+		now := c.clock.Now()
+		d := r.DelayFrom(now)
+		if d <= 0 {
+			return true
+		}
+		t := c.clock.NewTimer(d)
+		if !c.clock.Now().Equal(now) {
+			t.Stop()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C():
+		}
 	}
 }
 

@@ -1,13 +1,18 @@
 package remediation
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
@@ -39,6 +44,24 @@ func (h *harness) waitFor(what string, cond func() bool) {
 	}
 }
 
+// startFirstReadyWriter runs the paced writer until the test ends, and waits for it to return
+// before the test completes: a writer still logging its last record after the test ended
+// panicked ("Write called after ... has completed"), one of the ways
+// TestFirstReadyRecordsArePacedNotStormed failed under load.
+func (h *harness) startFirstReadyWriter() {
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.c.runFirstReadyWriter(ctx)
+	}()
+	h.t.Cleanup(func() {
+		cancel()
+		h.c.firstReadyQueue.ShutDown()
+		<-done
+	})
+}
+
 // A new leader of many ready nodes that carry no first-ready record (a first install) judges
 // them as ready at once, from memory, and writes the records paced by their own token bucket:
 // no PATCH storm competing with remediation. Before, every node was patched inside its first
@@ -61,9 +84,11 @@ func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
 	if got := h.firstReadyPatches(); got != 0 {
 		t.Fatalf("%d first-ready patches sent inside the reconciles, want 0 (queued for the paced writer)", got)
 	}
+	if got := testutil.ToFloat64(h.c.metrics.firstReadyQueued); got != n {
+		t.Fatalf("first_ready_queued = %v, want %d", got, n)
+	}
 
-	go h.c.runFirstReadyWriter(h.ctx)
-	t.Cleanup(h.c.firstReadyQueue.ShutDown)
+	h.startFirstReadyWriter()
 	h.waitFor("the burst", func() bool { return h.firstReadyPatches() == DefaultFirstReadyBurst && h.clock.HasWaiters() })
 	// Out of tokens: the writer waits on the clock, sending nothing more.
 	if got := h.firstReadyPatches(); got != DefaultFirstReadyBurst {
@@ -74,6 +99,7 @@ func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
 		want = min(n, want+int(DefaultFirstReadyRate))
 		h.waitFor(fmt.Sprintf("%d records", want), func() bool { return h.firstReadyPatches() == want })
 	}
+	h.waitFor("first_ready_queued back to 0", func() bool { return testutil.ToFloat64(h.c.metrics.firstReadyQueued) == 0 })
 	for i := range n {
 		node := h.node(fmt.Sprintf("node-%02d", i))
 		if got := node.Annotations[decide.AnnotationFirstReady]; got != t0.Format(time.RFC3339) {
@@ -82,12 +108,68 @@ func TestFirstReadyRecordsArePacedNotStormed(t *testing.T) {
 	}
 }
 
-// A day-old node this leader saw ready, whose record is still queued, gets its startup taint
+// stepWhileArming is the harness's fake clock, except that the first timer armed once armNext
+// is set finds the clock already moved by step: a test's Step landing between the writer's
+// reading of the clock and its arming of the timer, which is what made
+// TestFirstReadyRecordsArePacedNotStormed fail under load.
+type stepWhileArming struct {
+	*testingclock.FakeClock
+	step    time.Duration
+	armNext atomic.Bool
+}
+
+func (s *stepWhileArming) before() {
+	if s.armNext.CompareAndSwap(true, false) {
+		s.FakeClock.Step(s.step)
+	}
+}
+
+func (s *stepWhileArming) NewTimer(d time.Duration) clock.Timer {
+	s.before()
+	return s.FakeClock.NewTimer(d)
+}
+
+func (s *stepWhileArming) After(d time.Duration) <-chan time.Time {
+	s.before()
+	return s.FakeClock.After(d)
+}
+
+// The paced writer out of tokens reads the clock, the clock moves past the next token, then
+// the writer arms its timer: the record is written without waiting for another step. Before,
+// the timer was armed for the delay read before the step, from the time after it, and fired a
+// whole step late.
+func TestFirstReadyWriterWaitsFromTheClockItArmedOn(t *testing.T) {
+	var clk *stepWhileArming
+	h := newHarness(t, nil, func(h *harness, c *Config) {
+		clk = &stepWhileArming{FakeClock: h.clock, step: time.Second}
+		c.Clock = clk
+		c.FirstReadyBurst = 1
+	})
+	for _, name := range []string{"a", "b"} {
+		h.healthy(newNode(name, notRecordedReady))
+		if _, err := h.sync(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.armNext.Store(true)
+	h.startFirstReadyWriter()
+	// a takes the one token; b's is due 0.5 s later, and the clock moves 1 s while the writer
+	// arms its timer: b is due, and no further step comes.
+	h.waitFor("both records without another step", func() bool { return h.firstReadyPatches() == 2 })
+	if clk.armNext.Load() {
+		t.Fatal("the writer never armed a timer: the test proves nothing")
+	}
+}
+
+// A node this leader saw ready, whose record is still queued, gets its startup taint
 // back: the record is written at once (it now matters, and must outlive this leader) and the
 // node is not treated as one that never became ready.
 func TestFirstReadyPersistedWhenTheStartupTaintComesBack(t *testing.T) {
 	h := newHarness(t, nil)
-	n := h.healthy(newNode("back", notRecordedReady))
+	// Created after this leader began observing (t0-1h), past its startup deadline (20m): its
+	// memory is all that says the node was ready (without it the node would be "watched since
+	// its creation and never seen ready", not presumed ready).
+	n := h.healthy(newNode("back", notRecordedReady, func(n *corev1.Node) { n.CreationTimestamp = metav1.NewTime(t0.Add(-30 * time.Minute)) }))
 	h.healthy(newNode("other"))
 	if _, err := h.sync(n.Name); err != nil {
 		t.Fatal(err)
@@ -121,5 +203,58 @@ func TestFirstReadyPersistedWhenTheStartupTaintComesBack(t *testing.T) {
 	}
 	if len(h.cloud.Terminates()) != 0 {
 		t.Errorf("terminated %v", h.cloud.Terminates())
+	}
+}
+
+// A change of leader lost the record of a day-old node (it was still queued when the old
+// leader died) and the node got its startup taint back before this leader saw it ready: no
+// record, no memory. This leader has not watched it since its creation and its startup
+// deadline is long past, so it is presumed ready, said once in a FirstReadyPresumed Event, and
+// left to the normal tolerations. A node created after this leader began observing that never
+// shed its taint is still replaced at its deadline. Before, the day-old node was terminated
+// for StartupDeadlineExceeded.
+func TestRecordLostOnLeaderChangeIsPresumedReady(t *testing.T) {
+	h := newHarness(t, nil) // leading since t0-1h
+	taint := func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: config.DefaultStartupTaint, Effect: corev1.TaintEffectNoSchedule})
+	}
+	lost := h.healthy(newNode("lost", notRecordedReady, taint))
+	stuck := h.healthy(newNode("stuck", notRecordedReady, taint, func(n *corev1.Node) {
+		n.CreationTimestamp = metav1.NewTime(t0.Add(-30 * time.Minute))
+	}))
+	h.healthy(newNode("other"))
+
+	for range 3 {
+		if _, err := h.sync(lost.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	events := h.events()
+	presumed := 0
+	for _, e := range events {
+		if strings.Contains(e, EventFirstReadyPresumed) {
+			presumed++
+			if !strings.Contains(e, "presumed ready: no first-ready record, not watched by this leader since its creation") {
+				t.Errorf("event does not name the rule: %q", e)
+			}
+		}
+	}
+	if presumed != 1 {
+		t.Errorf("%d FirstReadyPresumed events, want exactly 1: %v", presumed, events)
+	}
+	if st := h.node(lost.Name).Annotations[decide.AnnotationState]; st != "" || hasEvent(events, decide.ReasonStartupDeadlineExceeded) {
+		t.Fatalf("node presumed ready was remediated: state %q, events %v", st, events)
+	}
+
+	// The positive control: watched since its creation, never ready, past its deadline.
+	if _, err := h.sync(stuck.Name); err != nil {
+		t.Fatal(err)
+	}
+	events = h.events()
+	if got := h.cloud.Terminates(); len(got) != 1 || got[0] != instanceOf(stuck) || !hasEvent(events, decide.ReasonStartupDeadlineExceeded) {
+		t.Fatalf("terminates %v, want only the never-ready node %s; events %v", got, instanceOf(stuck), events)
+	}
+	if !strings.Contains(strings.Join(events, "\n"), "never ready: watched by this leader since its creation") {
+		t.Errorf("StartupDeadlineExceeded does not name the rule: %v", events)
 	}
 }

@@ -67,7 +67,7 @@ type harness struct {
 	conflict bool                 // refuse the next node patch with Conflict
 }
 
-func newHarness(t *testing.T, rc *config.Config) *harness {
+func newHarness(t *testing.T, rc *config.Config, opts ...func(*harness, *Config)) *harness {
 	t.Helper()
 	if rc == nil {
 		rc = liveConfig(t, "")
@@ -85,14 +85,18 @@ func newHarness(t *testing.T, rc *config.Config) *harness {
 		grace:  map[string]bool{},
 	}
 	h.client.PrependReactor("*", "*", h.react)
-	c, err := New(Config{
+	cfg := Config{
 		Client:     h.client,
 		Cloud:      h.cloud,
 		Remediator: rc,
 		Clock:      h.clock,
 		Recorder:   h.rec,
 		Logger:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	}
+	for _, o := range opts {
+		o(h, &cfg)
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

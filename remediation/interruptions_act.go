@@ -9,6 +9,7 @@ package remediation
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
 // Interruption bookkeeping on the Node.
@@ -32,6 +34,11 @@ const (
 	// AnnotationInterruptionBootID records the node's boot ID when nodevigil cordoned it, so
 	// a reboot for the event can be told from the node's own report.
 	AnnotationInterruptionBootID = "nodevigil.io/interruption-boot-id"
+	// AnnotationInterruptionRebootedFor records the scheduled event a node was cordoned for and
+	// has since rebooted for (its boot ID changed): nodevigil uncordoned it and does not act on
+	// that event again, though EC2 may list it for a while yet. Removed once no source reports
+	// the event.
+	AnnotationInterruptionRebootedFor = "nodevigil.io/interruption-rebooted-for"
 	// TaintInterruption keeps new pods off a node AWS is about to interrupt.
 	TaintInterruption = "nodevigil.io/interruption"
 )
@@ -57,17 +64,36 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	}
 	fromEC2, described := c.intr.eventsOf(instanceIDOf(node))
 	ins := MergeInterruptions(InterruptionsFromNode(node), fromEC2)
-	plans := make([]InterruptionPlan, len(ins))
+	marked, isMarked := node.Annotations[AnnotationInterruption]
+	if isMarked && rebootedForEvent(node, marked) {
+		return interruptionRecheck, c.undoAfterReboot(ctx, node, marked)
+	}
+	// An event the instance already rebooted for is over for nodevigil, even while EC2 still
+	// lists it (its state lags); its record goes once no source reports it.
+	done, hasDone := node.Annotations[AnnotationInterruptionRebootedFor]
+	plans := make([]InterruptionPlan, 0, len(ins))
 	var next time.Duration
-	for i, in := range ins {
-		plans[i] = PlanInterruption(p.Interruptions, in, now)
-		if d := plans[i].StartAt.Sub(now); d > 0 && (next == 0 || d < next) {
+	stillListed := false
+	for _, in := range ins {
+		if hasDone && in.ID == done {
+			stillListed = true
+			continue
+		}
+		pl := PlanInterruption(p.Interruptions, in, now)
+		plans = append(plans, pl)
+		if d := pl.StartAt.Sub(now); d > 0 && (next == 0 || d < next) {
 			next = d
 		}
 	}
+	if hasDone && !stillListed {
+		n, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruptionRebootedFor: nil}})
+		if err != nil {
+			return 0, err
+		}
+		node = n
+	}
 	gov, due := GoverningPlan(plans, now)
 	acts := due && acting(gov.Action)
-	marked, isMarked := node.Annotations[AnnotationInterruption]
 
 	if !acts {
 		if isMarked {
@@ -135,6 +161,7 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 			c.intr.mu.Lock()
 			delete(c.intr.reserved, node.Name)
 			c.intr.mu.Unlock()
+			c.unreserve(node.Name)
 			return 0, err
 		}
 		node = n
@@ -145,17 +172,27 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	if gov.Action == config.InterruptionCordonOnly {
 		return interruptionRecheck, nil
 	}
-	// Drain (Replace drains the same way; the early termination is not implemented yet).
-	res := c.drain(ctx, node, p, now)
-	if res.err != nil {
-		return 0, res.err
+	// Drain (interruptions_drain.go); Replace drains the same way first.
+	res, err := c.drainForInterruption(ctx, node, p, gov, now)
+	if err != nil {
+		return 0, err
 	}
 	if res.done {
 		if node.Annotations[AnnotationInterruption+"-drained"] != record {
-			if _, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruption + "-drained": ptr.To(record)}}); err != nil {
+			n, err := c.patchNode(ctx, node, nodePatch{annotations: map[string]*string{AnnotationInterruption + "-drained": ptr.To(record)}})
+			if err != nil {
 				return 0, err
 			}
-			c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionDrained, "drained for %s (%s)", gov.Interruption.Code, gov.Interruption.ID)
+			node = n
+			msg := fmt.Sprintf("drained for %s (%s)", gov.Interruption.Code, gov.Interruption.ID)
+			if len(res.kept) > 0 {
+				msg += fmt.Sprintf("; %d pod(s) annotated %s=true kept by interruptions.doNotDisruptPods Keep stay until AWS interrupts the instance (%s)",
+					len(res.kept), decide.AnnotationDoNotDisrupt, list(res.kept))
+			}
+			c.recorder.Event(node, corev1.EventTypeNormal, EventInterruptionDrained, msg)
+		}
+		if gov.Action == config.InterruptionReplace {
+			return c.replaceInstance(ctx, node, p, gov, now)
 		}
 		return interruptionRecheck, nil
 	}
@@ -193,24 +230,64 @@ func markedEventGone(node *corev1.Node, marked string, pending []Interruption, d
 	return described || known(ConditionNoScheduledEvent)
 }
 
+// rebootedForEvent reports whether a node nodevigil cordoned for a scheduled event has rebooted
+// since (node.status.nodeInfo.bootID differs from the one recorded at cordon time) and is
+// Ready again: the reboot was the event, whatever DescribeInstanceStatus still says. Spot
+// notices, rebalance recommendations and ASG terminations are not ended by a reboot.
+func rebootedForEvent(node *corev1.Node, marked string) bool {
+	id, _, _ := strings.Cut(marked, "/")
+	if !strings.HasPrefix(id, "instance-event-") {
+		return false
+	}
+	was, cur := node.Annotations[AnnotationInterruptionBootID], node.Status.NodeInfo.BootID
+	if was == "" || cur == "" || was == cur {
+		return false
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// undoAfterReboot uncordons a node that rebooted for the event it was cordoned for and records
+// the event as done, so it is not acted on again while EC2 still lists it.
+func (c *Controller) undoAfterReboot(ctx context.Context, node *corev1.Node, marked string) error {
+	id, _, _ := strings.Cut(marked, "/")
+	msg := fmt.Sprintf("the node rebooted for %s (boot ID %s → %s) and is Ready; uncordoned and untainted, and the event is not acted on again",
+		marked, node.Annotations[AnnotationInterruptionBootID], node.Status.NodeInfo.BootID)
+	return c.undo(ctx, node, marked, msg, map[string]*string{AnnotationInterruptionRebootedFor: ptr.To(id)})
+}
+
 // undoInterruption uncordons and untaints a node nodevigil cordoned for an event that no
 // longer asks for it; a node that was already cordoned before stays cordoned.
 func (c *Controller) undoInterruption(ctx context.Context, node *corev1.Node, marked string) error {
+	return c.undo(ctx, node, marked, fmt.Sprintf("the AWS event behind %s is no longer pending; uncordoned and untainted", marked), nil)
+}
+
+// undo lifts what nodevigil did for marked, with an Event saying why; extra annotations are
+// set in the same patch.
+func (c *Controller) undo(ctx context.Context, node *corev1.Node, marked, msg string, extra map[string]*string) error {
 	taints := withoutInterruptionTaint(node.Spec.Taints)
 	p := nodePatch{
 		annotations: map[string]*string{AnnotationInterruption: nil, AnnotationInterruptionWasUnschedulable: nil, AnnotationInterruption + "-drained": nil,
-			AnnotationInterruptionBootID: nil},
+			AnnotationInterruptionBootID: nil, AnnotationInterruptionReplaceBlocked: nil},
 		taints: &taints,
 	}
 	if node.Annotations[AnnotationInterruptionWasUnschedulable] != "true" {
 		p.unschedulable = ptr.To(false)
+	}
+	for k, v := range extra {
+		p.annotations[k] = v
 	}
 	n, err := c.patchNode(ctx, node, p)
 	if err != nil {
 		return err
 	}
 	c.intr.forget(node.Name)
-	c.recorder.Eventf(n, corev1.EventTypeNormal, EventInterruptionUndone, "the AWS event behind %s is no longer pending; uncordoned and untainted", marked)
+	c.unreserve(node.Name)
+	c.recorder.Event(n, corev1.EventTypeNormal, EventInterruptionUndone, msg)
 	c.log.Info("interruption undone", "node", node.Name, "reason", marked)
 	return nil
 }

@@ -23,7 +23,9 @@ package remediation
 //
 // Scheduled events (and rebalance recommendations) always take a slot: a node nodevigil holds
 // cordoned for an interruption counts against the pool's maxInFlight, together with the nodes
-// remediation has in its pipeline, so a maintenance wave never empties a pool.
+// remediation has in its pipeline — one count, which remediation's own maxInFlight check uses
+// too (safety.go) — so a maintenance wave never empties a pool, and a dead node waits while
+// the pool's slots are taken by interruption drains.
 
 import (
 	"context"
@@ -37,7 +39,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
-	"github.com/nodevigil/nodevigil/remediation/decide"
 	"github.com/nodevigil/nodevigil/remediation/ec2"
 	"github.com/nodevigil/nodevigil/remediation/providerid"
 )
@@ -99,12 +100,12 @@ type interruptionCensus struct {
 	marked map[string]bool
 }
 
-// interruptionPool counts one pool: its nodes, those reporting an immediate interruption its
-// policy acts on, those nodevigil holds cordoned for one, and those holding a slot (cordoned by
-// nodevigil for any interruption, or in the remediation pipeline).
+// interruptionPool counts one pool for the valve: its nodes, those reporting an immediate
+// interruption its policy acts on, and those nodevigil holds cordoned for one. (maxInFlight
+// slots are counted by the remediation census, which both sides share: safety.go.)
 type interruptionPool struct {
-	policy                                   *config.Policy
-	total, immediate, immediateMarked, slots int
+	policy                            *config.Policy
+	total, immediate, immediateMarked int
 }
 
 func newInterruptionState(reg prometheus.Registerer) (*interruptionState, error) {
@@ -227,6 +228,13 @@ func (c *Controller) admitImmediate(ctx context.Context, node *corev1.Node, p *c
 		c.intr.reserved[node.Name] = slotReservation{pool: key, immediate: true, at: now}
 	}
 	c.intr.mu.Unlock()
+	if !over {
+		// An immediate drain does not wait for a slot, but it holds one while it runs: reserve
+		// it in the shared count until the cache shows the mark.
+		c.gateMu.Lock()
+		c.reserveLocked(node.Name, key, now)
+		c.gateMu.Unlock()
+	}
 	if over {
 		if c.intr.note(node.Name, "valve/"+gov.Interruption.ID) {
 			c.intr.capped.WithLabelValues("valve").Inc()
@@ -269,29 +277,21 @@ func (c *Controller) instanceFacts(ctx context.Context, node *corev1.Node) (Inst
 }
 
 // takeInterruptionSlot reserves one of the pool's maxInFlight slots for node; false when the
-// pool has none free. The nodes holding slots are those nodevigil holds cordoned for an
-// interruption and those in the remediation pipeline.
+// pool has none free. It counts exactly as remediation's marking does (inFlightLocked, under
+// gateMu): the nodes in the remediation pipeline, those nodevigil holds cordoned for an
+// interruption, and those either side reserved since the census. The reservation is
+// remediation's own, so a node about to be marked for remediation and one about to be
+// cordoned for an event cannot both squeeze into the last slot.
 func (c *Controller) takeInterruptionSlot(node *corev1.Node, p *config.Policy, now time.Time) (bool, int) {
-	c.intr.mu.Lock()
-	defer c.intr.mu.Unlock()
-	if r, ok := c.intr.reserved[node.Name]; ok && !r.immediate {
-		return true, 0
-	}
-	cs := c.interruptionCensusLocked(now)
+	c.gateMu.Lock()
+	defer c.gateMu.Unlock()
+	cs := c.currentCensus(now)
 	key := c.poolKey(node, p)
-	inFlight := 0
-	if pc := cs.pools[key]; pc != nil {
-		inFlight = pc.slots
-	}
-	for name, r := range c.intr.reserved {
-		if r.pool == key && !cs.marked[name] && name != node.Name {
-			inFlight++
-		}
-	}
+	inFlight := c.inFlightLocked(cs, key, node.Name)
 	if inFlight >= p.MaxInFlight {
 		return false, inFlight
 	}
-	c.intr.reserved[node.Name] = slotReservation{pool: key, at: now}
+	c.reserveLocked(node.Name, key, now)
 	return true, inFlight
 }
 
@@ -318,9 +318,6 @@ func (c *Controller) interruptionCensusLocked(now time.Time) *interruptionCensus
 		_, marked := n.Annotations[AnnotationInterruption]
 		if marked {
 			cs.marked[n.Name] = true
-		}
-		if marked || inPipeline(decide.PhaseOf(n), p) {
-			pc.slots++
 		}
 		if marked && immediateMark(n.Annotations[AnnotationInterruption]) {
 			pc.immediateMarked++

@@ -27,6 +27,7 @@ type metrics struct {
 	blockedNodes     *prometheus.GaugeVec
 	cloudErrors      *prometheus.CounterVec
 	drainingNodes    prometheus.Gauge
+	firstReadyQueued prometheus.Gauge
 }
 
 // Block reasons: why a remediation step was not taken. They label
@@ -130,8 +131,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "draining_nodes",
 			Help: "Nodes in the Draining phase, waiting for evictions, PodDisruptionBudgets or do-not-disrupt pods; they count against maxInFlight.",
 		}),
+		firstReadyQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "first_ready_queued",
+			Help: "Nodes this leader saw ready whose first-ready record (nodevigil.io/first-ready-at) the paced background writer has not written yet (--first-ready-rate). A change of leader loses them; see remediation/README.md for how the startup deadline is then judged.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.silentNodes, m.nodes, m.unhealthyNodes, m.zonePaused, m.clusterPaused, m.decisions,
+	for _, c := range []prometheus.Collector{m.firstReadyQueued, m.silentNodes, m.nodes, m.unhealthyNodes, m.zonePaused, m.clusterPaused, m.decisions,
 		m.terminations, m.blocked, m.inFlight, m.isLeader, m.detection, m.terminateLatency, m.blockedNodes, m.cloudErrors, m.drainingNodes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)

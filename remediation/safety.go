@@ -34,15 +34,25 @@ func zoneOf(node *corev1.Node) string {
 // the value of the pool label, so one policy spanning several pools cannot let one pool's
 // trouble use another's budget. The storm valves (zone, cluster) count every impaired node —
 // silent, or unhealthy by any verdict — whatever its pool.
+//
+// maxInFlight is one budget per pool, shared by remediation and AWS interruptions: a pool's
+// slots are held by the nodes in the remediation pipeline (inFlight) and by the nodes
+// nodevigil holds cordoned for an interruption (interrupting), and both sides check the same
+// count (inFlightLocked) before taking one. Spot notices and ASG terminations within the
+// interruptions valve do not wait for a slot (AWS has decided), but while they run they count,
+// so neither a judgement nor a scheduled drain adds to a pool they are already emptying.
 type census struct {
 	at       time.Time
 	pools    map[string]*poolCount // pool key → counts
 	zones    map[string]*zoneCount
 	cluster  zoneCount
 	inFlight map[string]string // node → pool key of every node seen mid-pipeline
-	reasons  map[string]int    // decision reason → nodes
-	blocked  map[string]int    // block reason → nodes recorded Blocked
-	draining int
+	// interrupting maps every node nodevigil holds cordoned for an AWS interruption (its
+	// nodevigil.io/interruption mark) to its pool key.
+	interrupting map[string]string
+	reasons      map[string]int // decision reason → nodes
+	blocked      map[string]int // block reason → nodes recorded Blocked
+	draining     int
 }
 
 type poolCount struct {
@@ -85,7 +95,7 @@ func (c *Controller) poolKey(node *corev1.Node, p *config.Policy) string {
 // computeCensus counts every node in the cache. gateMu must be held.
 func (c *Controller) computeCensus(now time.Time) *census {
 	cs := &census{at: now, pools: map[string]*poolCount{}, zones: map[string]*zoneCount{}, inFlight: map[string]string{},
-		reasons: map[string]int{}, blocked: map[string]int{}}
+		interrupting: map[string]string{}, reasons: map[string]int{}, blocked: map[string]int{}}
 	nodes, err := c.nodes.List(labels.Everything())
 	if err != nil {
 		c.log.Error("list nodes from cache", "err", err)
@@ -121,6 +131,9 @@ func (c *Controller) computeCensus(now time.Time) *census {
 		if phase == decide.PhaseDraining {
 			cs.draining++
 		}
+		if _, ok := n.Annotations[AnnotationInterruption]; ok {
+			cs.interrupting[n.Name] = key
+		}
 		impaired := d.Silent || d.Unhealthy
 		cs.cluster.add(d.Silent, impaired)
 		if z := zoneOf(n); z != "" {
@@ -132,11 +145,13 @@ func (c *Controller) computeCensus(now time.Time) *census {
 			zc.add(d.Silent, impaired)
 		}
 	}
-	// A reservation whose mark the cache now shows is counted by the census itself (or, for a
-	// CordonOnly node already cordoned, no longer counts at all).
+	// A reservation whose mark (remediation's phase, or the interruption mark) the cache now
+	// shows is counted by the census itself (or, for a CordonOnly node already cordoned, no
+	// longer counts at all).
 	for name, r := range c.reservations {
 		n, err := c.nodes.Get(name)
-		seen := err == nil && decide.PhaseOf(n) != decide.PhaseNone
+		_, interrupting := cs.interrupting[name]
+		seen := err == nil && (decide.PhaseOf(n) != decide.PhaseNone || interrupting)
 		if seen || now.Sub(r.at) > reservationTTL {
 			delete(c.reservations, name)
 		}
@@ -306,7 +321,7 @@ func (c *Controller) checkRails(node *corev1.Node, p *config.Policy, s step, now
 	if s == stepMark {
 		inFlight := c.inFlightLocked(cs, key, node.Name)
 		if inFlight >= p.MaxInFlight {
-			return BlockMaxInFlight, fmt.Sprintf("%d nodes of pool %s are already being remediated (maxInFlight %d)", inFlight, key, p.MaxInFlight)
+			return BlockMaxInFlight, fmt.Sprintf("%d nodes of pool %s are already being remediated or cordoned for AWS interruptions (maxInFlight %d)", inFlight, key, p.MaxInFlight)
 		}
 	}
 	return "", ""
@@ -324,13 +339,16 @@ func (c *Controller) railsBlock(node *corev1.Node, p *config.Policy, s step, now
 	return true
 }
 
-// inFlightLocked counts the nodes of pool in the pipeline, other than self: those the census
-// saw and those reserved since. gateMu must be held.
+// inFlightLocked counts the nodes of pool holding one of its maxInFlight slots, other than
+// self: those the census saw in the remediation pipeline or cordoned for an interruption, and
+// those reserved since by either side. gateMu must be held.
 func (c *Controller) inFlightLocked(cs *census, pool, self string) int {
 	names := map[string]bool{}
-	for n, p := range cs.inFlight {
-		if p == pool && n != self {
-			names[n] = true
+	for _, m := range []map[string]string{cs.inFlight, cs.interrupting} {
+		for n, p := range m {
+			if p == pool && n != self {
+				names[n] = true
+			}
 		}
 	}
 	for n, r := range c.reservations {

@@ -216,7 +216,8 @@ type IMDSConfig struct {
 	// Endpoint overrides the metadata service's URL (default the SDK's:
 	// $AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254). Flag --imds-endpoint.
 	Endpoint string `json:"endpoint,omitempty"`
-	// SpotInterval is how often the spot paths are read (default 5s, as AWS recommends).
+	// SpotInterval is how often the spot paths are read on a spot instance (default 2s, so a
+	// notice reaches the Node within 3s); other instances never read them.
 	SpotInterval metav1.Duration `json:"spotInterval,omitempty"`
 	// EventInterval is how often scheduled events and the ASG lifecycle state are read
 	// (default 1m).

@@ -18,12 +18,13 @@ const instanceID = "i-0123456789abcdef0"
 
 var epoch = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-// emulated starts the EC2 emulator's metadata service for one instance over real HTTP.
-func emulated(t testing.TB) (*ec2emu.Server, string, *clocktesting.FakeClock) {
+// emulated starts the EC2 emulator's metadata service for one instance over real HTTP;
+// lifecycle is its purchasing option ("" on-demand, ec2emu.LifecycleSpot).
+func emulated(t testing.TB, lifecycle string) (*ec2emu.Server, string, *clocktesting.FakeClock) {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(epoch)
 	s := ec2emu.New(ec2emu.Config{Clock: clk})
-	if err := s.AddInstance(ec2emu.Instance{ID: instanceID, Zone: "us-east-1a"}); err != nil {
+	if err := s.AddInstance(ec2emu.Instance{ID: instanceID, Zone: "us-east-1a", Lifecycle: lifecycle}); err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(s.IMDSHandler(instanceID))
@@ -95,7 +96,7 @@ func TestOneShotVerdicts(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s, url, clk := emulated(t)
+			s, url, clk := emulated(t, ec2emu.LifecycleSpot)
 			if tc.script != nil {
 				tc.script(s)
 			}
@@ -129,7 +130,7 @@ func TestUnreachable(t *testing.T) {
 // spot notice → withdrawn, and a scheduled event that is later canceled, checking the spot
 // group is read on its own short interval and the scheduled group only about once a minute.
 func TestWatcherScript(t *testing.T) {
-	s, url, clk := emulated(t)
+	s, url, clk := emulated(t, ec2emu.LifecycleSpot)
 	w := newWatcher(t, Config{Endpoint: url, Clock: clk, SpotInterval: 2 * time.Second, EventInterval: time.Minute})
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
@@ -230,7 +231,7 @@ func TestWatcherScript(t *testing.T) {
 // backs off (fewer reads than intervals) and recovers on its own once the endpoint is enabled;
 // an expired token (service clock past its TTL) is replaced.
 func TestWatcherBackoffAndRecovery(t *testing.T) {
-	s, url, clk := emulated(t)
+	s, url, clk := emulated(t, ec2emu.LifecycleSpot)
 	s.SetIMDSMode(instanceID, ec2emu.IMDSDisabled)
 	w := newWatcher(t, Config{Endpoint: url, Clock: clk, SpotInterval: time.Second, EventInterval: time.Hour, MaxBackoff: 16 * time.Second})
 	ctx, cancel := context.WithCancel(t.Context())

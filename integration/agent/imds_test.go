@@ -19,7 +19,7 @@ import (
 func TestAWSEventsEndToEnd(t *testing.T) {
 	const id = "i-0123456789abcdef0"
 	emu := ec2emu.New(ec2emu.Config{})
-	if err := emu.AddInstance(ec2emu.Instance{ID: id, Zone: "us-east-1a"}); err != nil {
+	if err := emu.AddInstance(ec2emu.Instance{ID: id, Zone: "us-east-1a", Lifecycle: ec2emu.LifecycleSpot}); err != nil {
 		t.Fatal(err)
 	}
 	url, err := emu.StartIMDS(id)

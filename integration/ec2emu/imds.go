@@ -52,6 +52,7 @@ type metadata struct {
 	tokens        map[string]time.Time // token → expiry (Config.Clock)
 	tokenCalls    int
 	metadataCalls int
+	pathCalls     map[string]int // metadata path (under /latest/meta-data/) → reads
 }
 
 // SetIMDSMode sets how instance id's metadata service answers (see IMDSMode).
@@ -76,6 +77,18 @@ func (s *Server) SetRebalanceRecommendation(id string, t time.Time) {
 // Warmed:Stopped, ...); empty means the instance is not in an Auto Scaling group (404).
 func (s *Server) SetTargetLifecycleState(id, state string) {
 	s.withMetadata(id, func(md *metadata) { md.lifecycle = state })
+}
+
+// IMDSPathReads returns how many reads of one metadata path (as under /latest/meta-data/,
+// e.g. "spot/instance-action") instance id's metadata service received, whatever their
+// outcome.
+func (s *Server) IMDSPathReads(id, path string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rec, ok := s.instances[id]; ok {
+		return rec.md.pathCalls[path]
+	}
+	return 0
 }
 
 // IMDSCalls returns how many token requests and how many metadata reads instance id's
@@ -147,6 +160,10 @@ func (s *Server) serveIMDS(id string, w http.ResponseWriter, r *http.Request) {
 		md.tokenCalls++
 	} else {
 		md.metadataCalls++
+		if md.pathCalls == nil {
+			md.pathCalls = map[string]int{}
+		}
+		md.pathCalls[strings.TrimPrefix(r.URL.Path, imdsMetadataPrefix)]++
 	}
 	s.mu.Unlock()
 
@@ -259,6 +276,13 @@ func (s *Server) metadataPath(id string, rec *record, p string) (string, int) {
 		return id, http.StatusOK
 	case "placement/availability-zone":
 		return rec.inst.Zone, http.StatusOK
+	case "instance-life-cycle":
+		// The purchasing option; DescribeInstances omits instanceLifecycle for on-demand, the
+		// metadata service says so.
+		if rec.inst.Lifecycle == "" {
+			return "on-demand", http.StatusOK
+		}
+		return rec.inst.Lifecycle, http.StatusOK
 	case "spot/instance-action":
 		if md.spotAction == "" {
 			return "", http.StatusNotFound

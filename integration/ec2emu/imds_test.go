@@ -201,3 +201,26 @@ func TestScheduledEventValidation(t *testing.T) {
 		t.Fatal("event of an unknown instance accepted")
 	}
 }
+
+// TestIMDSInstanceLifeCycle: instance-life-cycle follows the instance's Lifecycle (on-demand
+// when empty), and reads are counted per path.
+func TestIMDSInstanceLifeCycle(t *testing.T) {
+	s, _ := newTestServer(t, Config{})
+	const spotID = "i-0aaaaaaaaaaaaaaa1"
+	if err := s.AddInstance(Instance{ID: spotID, Lifecycle: LifecycleSpot}); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{idA: "on-demand", spotID: "spot"} {
+		s.SetIMDSMode(id, IMDSv1Only) // no token needed for this raw read
+		if code, body, _ := imdsDo(t, s, id, http.MethodGet, "/latest/meta-data/instance-life-cycle", nil); code != 200 || body != want {
+			t.Errorf("%s: got %d %q, want %q", id, code, body, want)
+		}
+		imdsDo(t, s, id, http.MethodGet, "/latest/meta-data/spot/instance-action", nil)
+		if got := s.IMDSPathReads(id, "instance-life-cycle"); got != 1 {
+			t.Errorf("%s: %d reads of instance-life-cycle counted, want 1", id, got)
+		}
+		if got := s.IMDSPathReads(id, "spot/instance-action"); got != 1 {
+			t.Errorf("%s: %d reads of spot/instance-action counted, want 1", id, got)
+		}
+	}
+}

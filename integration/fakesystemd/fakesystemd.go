@@ -1,9 +1,11 @@
 // Package fakesystemd runs a real dbus-daemon where nodevigil-agent looks for a host's system
 // bus (<host-root>/run/dbus/system_bus_socket) and, on it, a stand-in for
 // org.freedesktop.systemd1 that serves one service unit: the methods and properties go-systemd
-// uses, PropertiesChanged when the unit changes, and JobRemoved when a restart job ends. It is
-// the narrow seam that lets a real agent process watch and locally repair a kubelet that is
-// simulated (by kwok in the fleet), without a real systemd.
+// uses, PropertiesChanged when the unit changes, JobNew and JobRemoved around jobs, and the
+// timestamps systemd keeps (ExecMainStart/ExitTimestamp, ActiveExitTimestamp). It is the
+// narrow seam that lets a real agent process watch and locally repair a kubelet that is
+// simulated (by kwok in the fleet, by a test's script in integration/agent: crashes, crash
+// loops, OOM kills, an operator's stop, an exit on its own), without a real systemd.
 package fakesystemd
 
 import (
@@ -67,11 +69,22 @@ type Systemd struct {
 	props  *prop.Properties
 	unit   godbus.ObjectPath
 
-	mu    sync.Mutex
-	pid   uint32
-	jobs  uint32
-	calls []string
+	mu        sync.Mutex
+	pid       uint32
+	jobs      uint32
+	restarts  uint32  // NRestarts: automatic restarts (Crash)
+	queued    [][]any // ListJobs rows of the jobs in progress
+	calls     []string
+	subscribe int // Manager.Subscribe calls
 }
+
+// jobRef is the (uo) struct of Unit.Job; noJob is its value when no job is queued.
+type jobRef struct {
+	ID   uint32
+	Path godbus.ObjectPath
+}
+
+var noJob = jobRef{0, "/"}
 
 // Start starts the daemon and exports the unit, active and running.
 func Start(cfg Config) (*Systemd, error) {
@@ -135,18 +148,25 @@ func (s *Systemd) export() error {
 		unitIface: {
 			"Id": {Value: s.cfg.Unit}, "LoadState": {Value: "loaded"},
 			"ActiveState": emit("active"), "SubState": emit("running"),
+			"ActiveExitTimestamp": emit(uint64(0)), "Job": {Value: noJob},
 		},
 		serviceIface: {
 			"Result": emit("success"), "NRestarts": emit(uint32(0)), "MainPID": emit(s.pid),
 			"ExecMainStartTimestamp": emit(startStamp(s.pid)),
+			"ExecMainExitTimestamp":  emit(uint64(0)), "ExecMainCode": emit(int32(0)), "ExecMainStatus": emit(int32(0)),
 		},
 	})
 	if err != nil {
 		return fmt.Errorf("fakesystemd: export unit: %w", err)
 	}
 	err = s.conn.ExportMethodTable(map[string]any{
-		"Subscribe": func() *godbus.Error { return nil },
-		"GetUnit":   func(string) (godbus.ObjectPath, *godbus.Error) { return s.unit, nil },
+		"Subscribe": func() *godbus.Error { s.mu.Lock(); s.subscribe++; s.mu.Unlock(); return nil },
+		"ListJobs": func() ([][]any, *godbus.Error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return append([][]any{}, s.queued...), nil
+		},
+		"GetUnit": func(string) (godbus.ObjectPath, *godbus.Error) { return s.unit, nil },
 		"RestartUnit": func(name, mode string) (godbus.ObjectPath, *godbus.Error) {
 			return s.restart(name), nil
 		},
@@ -166,7 +186,7 @@ func (s *Systemd) restart(name string) godbus.ObjectPath {
 	s.jobs++
 	id := s.jobs
 	s.mu.Unlock()
-	job := godbus.ObjectPath(fmt.Sprintf("/org/freedesktop/systemd1/job/%d", id))
+	job := jobPath(id)
 	go func() {
 		s.set("activating", "start", "success", 0)
 		time.Sleep(100 * time.Millisecond)
@@ -190,6 +210,91 @@ func (s *Systemd) Running() {
 	s.mu.Unlock()
 	s.props.SetMust(serviceIface, "ExecMainStartTimestamp", startStamp(pid))
 	s.set("active", "running", "success", pid)
+}
+
+// Crash is one automatic restart (Restart=always) that lasts far less than the agent's check
+// interval: the main process dies with result (exit-code, oom-kill, signal), the unit goes
+// through auto-restart for 50 ms, NRestarts grows, and a new main process runs.
+func (s *Systemd) Crash(result string) {
+	s.mu.Lock()
+	s.restarts++
+	s.pid++
+	pid := s.pid
+	s.mu.Unlock()
+	s.props.SetMust(serviceIface, "MainPID", uint32(0))
+	s.set("activating", "auto-restart", result, 0)
+	time.Sleep(50 * time.Millisecond)
+	s.props.SetMust(serviceIface, "MainPID", pid)
+	s.props.SetMust(serviceIface, "ExecMainStartTimestamp", startStamp(pid))
+	s.set("active", "running", "success", pid)
+}
+
+// Stop is `systemctl stop` as systemd performs it, at time at (µs since the epoch): a stop job
+// is queued (JobNew, Unit.Job, ListJobs), the unit leaves the active state, the main process
+// exits 0 on SIGTERM 300 ms later, and the job is removed (JobRemoved "done").
+func (s *Systemd) Stop(at uint64) error {
+	s.mu.Lock()
+	s.jobs++
+	id := s.jobs
+	job := jobPath(id)
+	s.queued = [][]any{{id, s.cfg.Unit, "stop", "running", job, s.unit}}
+	s.mu.Unlock()
+	s.record("stop " + s.cfg.Unit)
+	s.props.SetMust(unitIface, "Job", jobRef{id, job})
+	if err := s.conn.Emit(managerPath, managerIface+".JobNew", id, job, s.cfg.Unit); err != nil {
+		return fmt.Errorf("fakesystemd: emit JobNew: %w", err)
+	}
+	s.props.SetMust(unitIface, "ActiveExitTimestamp", at)
+	s.set("deactivating", "stop-sigterm", "success", s.mainPID())
+	time.Sleep(300 * time.Millisecond)
+	s.props.SetMust(serviceIface, "ExecMainExitTimestamp", at+300_000)
+	s.props.SetMust(serviceIface, "ExecMainCode", int32(1)) // CLD_EXITED
+	s.set("inactive", "dead", "success", 0)
+	s.mu.Lock()
+	s.queued = nil
+	s.mu.Unlock()
+	s.props.SetMust(unitIface, "Job", noJob)
+	if err := s.conn.Emit(managerPath, managerIface+".JobRemoved", id, job, s.cfg.Unit, "done"); err != nil {
+		return fmt.Errorf("fakesystemd: emit JobRemoved: %w", err)
+	}
+	return nil
+}
+
+// StartAt is the unit running again with a new main process started at time at (µs since
+// the epoch), with no exit recorded since.
+func (s *Systemd) StartAt(at uint64) {
+	s.mu.Lock()
+	s.pid++
+	pid := s.pid
+	s.mu.Unlock()
+	s.props.SetMust(serviceIface, "ExecMainStartTimestamp", at)
+	s.props.SetMust(serviceIface, "ExecMainExitTimestamp", uint64(0))
+	s.set("active", "running", "success", pid)
+}
+
+// ExitOnItsOwn is the main process exiting 0 by itself at time at under Restart=on-failure:
+// the process exits first, the unit leaves the active state after, no job is involved and
+// nothing restarts it.
+func (s *Systemd) ExitOnItsOwn(at uint64) {
+	s.props.SetMust(serviceIface, "ExecMainExitTimestamp", at)
+	s.props.SetMust(serviceIface, "ExecMainCode", int32(1)) // CLD_EXITED
+	s.props.SetMust(serviceIface, "MainPID", uint32(0))
+	s.props.SetMust(unitIface, "ActiveExitTimestamp", at+100)
+	s.set("inactive", "dead", "success", 0)
+}
+
+// Subscribed counts the clients' Manager.Subscribe calls: a client that subscribed follows
+// the unit's signals.
+func (s *Systemd) Subscribed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.subscribe
+}
+
+func (s *Systemd) mainPID() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pid
 }
 
 // Fail makes the unit failed with result (e.g. "oom-kill": the kernel killed the main
@@ -225,7 +330,11 @@ func (s *Systemd) Close() error {
 
 // set changes the unit as systemd does: the Service properties first, then the Unit state.
 func (s *Systemd) set(active, sub, result string, pid uint32) {
+	s.mu.Lock()
+	n := s.restarts
+	s.mu.Unlock()
 	s.props.SetMust(serviceIface, "Result", result)
+	s.props.SetMust(serviceIface, "NRestarts", n)
 	s.props.SetMust(serviceIface, "MainPID", pid)
 	s.props.SetMust(unitIface, "ActiveState", active)
 	s.props.SetMust(unitIface, "SubState", sub)
@@ -256,6 +365,10 @@ func unitPath(unit string) godbus.ObjectPath {
 		}
 	}
 	return godbus.ObjectPath("/org/freedesktop/systemd1/unit/" + b.String())
+}
+
+func jobPath(id uint32) godbus.ObjectPath {
+	return godbus.ObjectPath(fmt.Sprintf("/org/freedesktop/systemd1/job/%d", id))
 }
 
 // startStamp is a main process's start time in µs since the epoch, distinct per PID.

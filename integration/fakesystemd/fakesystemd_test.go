@@ -109,3 +109,110 @@ func TestSocketPathTooLong(t *testing.T) {
 		t.Fatal("Start took a host root whose socket path is over 107 bytes")
 	}
 }
+
+// TestScriptedLifecycle: the scripts integration/agent drives (crash, operator stop, start,
+// exit on its own) leave the properties systemd would, and a stop is a job seen live
+// (JobNew, ListJobs, JobRemoved).
+func TestScriptedLifecycle(t *testing.T) {
+	root, err := os.MkdirTemp("", "fsd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	s, err := Start(Config{HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c := connect(t, root)
+	if err := c.Subscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Subscribed() != 1 {
+		t.Errorf("Subscribed = %d, want 1", s.Subscribed())
+	}
+	svc := func(name string) any {
+		t.Helper()
+		p, err := c.GetServicePropertyContext(t.Context(), "kubelet.service", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Value.Value()
+	}
+	unit := func(name string) any {
+		t.Helper()
+		p, err := c.GetUnitPropertyContext(t.Context(), "kubelet.service", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Value.Value()
+	}
+	pid0 := svc("MainPID").(uint32)
+	s.Crash("oom-kill")
+	s.Crash("exit-code")
+	if n, pid := svc("NRestarts").(uint32), svc("MainPID").(uint32); n != 2 || pid == pid0 || pid == 0 {
+		t.Errorf("after two crashes: NRestarts %d, MainPID %d (was %d)", n, pid, pid0)
+	}
+
+	// The stop job is visible while it runs, and JobNew/JobRemoved are signalled.
+	sig := make(chan *godbus.Signal, 16)
+	raw, err := godbus.Dial("unix:path=" + root + "/" + SocketPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if err := raw.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.Hello(); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.AddMatchSignal(godbus.WithMatchInterface(managerIface)); err != nil {
+		t.Fatal(err)
+	}
+	raw.Signal(sig)
+	done := make(chan error, 1)
+	go func() { done <- s.Stop(1_700_000_100_000_000) }()
+	deadline := time.Now().Add(10 * time.Second)
+	var listed bool
+	for !listed && time.Now().Before(deadline) {
+		js, err := c.ListJobsContext(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed = len(js) == 1 && js[0].JobType == "stop" && js[0].Unit == "kubelet.service"
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !listed {
+		t.Error("the stop job was never listed by ListJobs")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for len(names) < 2 {
+		select {
+		case m := <-sig:
+			if m.Name == managerIface+".JobNew" || m.Name == managerIface+".JobRemoved" {
+				names = append(names, m.Name)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("signals seen: %v, want JobNew and JobRemoved", names)
+		}
+	}
+	if a := unit("ActiveState"); a != "inactive" || svc("Result") != "success" || svc("MainPID") != uint32(0) {
+		t.Errorf("after stop: %v/%v pid %v", a, svc("Result"), svc("MainPID"))
+	}
+	if exit, stop := svc("ExecMainExitTimestamp").(uint64), unit("ActiveExitTimestamp").(uint64); stop != 1_700_000_100_000_000 || exit <= stop {
+		t.Errorf("stop: ActiveExitTimestamp %d, ExecMainExitTimestamp %d; want the unit out of service before the process exits", stop, exit)
+	}
+
+	s.StartAt(1_700_000_200_000_000)
+	if a, st := unit("ActiveState"), svc("ExecMainStartTimestamp"); a != "active" || st != uint64(1_700_000_200_000_000) {
+		t.Errorf("after StartAt: %v, started %v", a, st)
+	}
+	s.ExitOnItsOwn(1_700_000_300_000_000)
+	if exit, inactive := svc("ExecMainExitTimestamp").(uint64), unit("ActiveExitTimestamp").(uint64); unit("ActiveState") != "inactive" || exit >= inactive {
+		t.Errorf("exit on its own: process exit %d, unit exit %d; want the process first", exit, inactive)
+	}
+}

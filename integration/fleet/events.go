@@ -16,6 +16,9 @@ const (
 	EventFaultInjected = "FaultInjected"
 	// EventReplacementJoined is recorded on a replacement node when it joins.
 	EventReplacementJoined = "ReplacementJoined"
+	// EventInstanceReclaimed is recorded on a node when AWS (the emulator) takes its instance
+	// back at a spot notice's deadline: the termination no one in the cluster asked for.
+	EventInstanceReclaimed = "InstanceReclaimed"
 	// ReplacesAnnotation on a replacement node names the node it replaces.
 	ReplacesAnnotation = "dev.nodevigil.io/replaces"
 	// EventComponent is the source component of the fleet's Events.

@@ -2,10 +2,15 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/nodevigil/nodevigil/integration/ec2emu"
 )
 
 // Fault is one way a node (or a zone) breaks.
@@ -30,7 +35,18 @@ var Faults = []Fault{
 	{Name: "memory-pressure", RealOnly: true, Does: "memory PSI climbs to 80% and MemAvailable to 90 MB"},
 	{Name: "bad-taint", RealOnly: true, Does: "the bootstrap drop-in mis-quotes --register-with-taints (S004)"},
 	{Name: "zone-dark", Zone: true, Does: "every node of the zone goes silent at once"},
+	{Name: "spot-notice", RealOnly: true, Does: "AWS sends a spot interruption notice (instance-action terminate, 2 minutes) and reclaims the instance at its deadline"},
+	{Name: "maintenance", Does: "AWS schedules a system-reboot of the instance 10 minutes out (DescribeInstanceStatus and the instance metadata)"},
 }
+
+// Interruption timings of the fleet's AWS-initiated faults.
+const (
+	// DefaultSpotNoticeWarning is how long AWS gives between a spot notice and the reclaim.
+	DefaultSpotNoticeWarning = 2 * time.Minute
+	// MaintenanceLead is how far out the maintenance fault schedules its reboot: inside the
+	// fleet policies' leadTime, so the general pool acts at once.
+	MaintenanceLead = 10 * time.Minute
+)
 
 // LookupFault returns the fault called name.
 func LookupFault(name string) (Fault, bool) {
@@ -91,6 +107,10 @@ func (f *Fleet) Inject(ctx context.Context, kind, target string) error {
 		err = n.writeMemory(true)
 	case "bad-taint":
 		err = copyTree(filepath.Join(f.cfg.HostFixtures, hostBadTaint), n.hostRoot)
+	case "spot-notice":
+		err = f.spotNotice(n)
+	case "maintenance":
+		err = f.scheduleMaintenance(n)
 	}
 	if err != nil {
 		return err
@@ -107,7 +127,8 @@ func (f *Fleet) silence(ctx context.Context, n *Node) error {
 }
 
 // Heal undoes every fault on target (a node or a zone): kubelet back, agent restarted, host
-// root healthy again.
+// root healthy again, scheduled maintenance canceled. A spot notice cannot be undone: AWS
+// never withdraws one.
 func (f *Fleet) Heal(ctx context.Context, target string) error {
 	nodes := f.zoneNodes(target)
 	if n, ok := f.Node(target); ok {
@@ -141,6 +162,9 @@ func (f *Fleet) Heal(ctx context.Context, target string) error {
 			n.agentUp = true
 			n.mu.Unlock()
 		}
+		if err := f.cancelMaintenance(n); err != nil {
+			return err
+		}
 		f.cfg.Logger.Info("node healed", "node", n.Name)
 	}
 	return nil
@@ -173,4 +197,80 @@ func faultNames() []string {
 		out[i] = f.Name
 	}
 	return out
+}
+
+// spotNotice posts a spot interruption notice in n's metadata and has AWS reclaim the instance
+// at its deadline, whatever nodevigil did in between (a notice is never withdrawn).
+func (f *Fleet) spotNotice(n *Node) error {
+	if !n.spec.Spot {
+		return fmt.Errorf("node %s is in pool %s, whose instances are on-demand: AWS sends spot notices to spot instances only (pools with spot instances: %s)",
+			n.Name, n.Pool, strings.Join(f.spotPools(), ", "))
+	}
+	deadline := time.Now().Add(f.cfg.SpotNoticeWarning)
+	f.cfg.EC2.SetSpotInstanceAction(n.InstanceID, "terminate", deadline)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := f.cfg.EC2.Reclaim(n.InstanceID); err != nil {
+			f.cfg.Logger.Warn("spot reclaim failed", "node", n.Name, "instance_id", n.InstanceID, "err", err)
+			return
+		}
+		f.record(f.ctx, n, EventInstanceReclaimed, "AWS reclaimed spot instance "+n.InstanceID+" at the notice's deadline")
+		f.cfg.Logger.Info("spot instance reclaimed by AWS", "node", n.Name, "instance_id", n.InstanceID)
+	}()
+	return nil
+}
+
+func (f *Fleet) spotPools() []string {
+	var out []string
+	for _, p := range f.cfg.Pools {
+		if p.Spot {
+			out = append(out, p.Name)
+		}
+	}
+	if len(out) == 0 {
+		return []string{"none"}
+	}
+	return out
+}
+
+// scheduleMaintenance schedules a system reboot of n's instance MaintenanceLead from now, as
+// EC2 does: listed by DescribeInstanceStatus and in the instance's metadata alike. Heal
+// cancels it.
+func (f *Fleet) scheduleMaintenance(n *Node) error {
+	id := make([]byte, 9)
+	if _, err := rand.Read(id); err != nil {
+		return fmt.Errorf("event id: %w", err)
+	}
+	notBefore := time.Now().Add(MaintenanceLead).Truncate(time.Second)
+	ev := ec2emu.ScheduledEvent{
+		ID:   "instance-event-" + hex.EncodeToString(id)[:17],
+		Code: ec2emu.EventSystemReboot, Description: "scheduled reboot",
+		NotBefore: notBefore, NotAfter: notBefore.Add(2 * time.Hour),
+	}
+	if err := f.cfg.EC2.AddScheduledEvent(n.InstanceID, ev); err != nil {
+		return fmt.Errorf("schedule maintenance of %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// cancelMaintenance cancels n's active scheduled events, as AWS does when maintenance is
+// called off or done early.
+func (f *Fleet) cancelMaintenance(n *Node) error {
+	for _, ev := range f.cfg.EC2.ScheduledEvents(n.InstanceID) {
+		if ev.State != "" && ev.State != ec2emu.EventStateActive {
+			continue
+		}
+		if err := f.cfg.EC2.SetScheduledEventState(n.InstanceID, ev.ID, ec2emu.EventStateCanceled); err != nil {
+			return fmt.Errorf("cancel maintenance of %s: %w", n.Name, err)
+		}
+	}
+	return nil
 }

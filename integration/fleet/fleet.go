@@ -71,6 +71,9 @@ type PoolSpec struct {
 	RealAgents int
 	// DoNotDisrupt puts karpenter.sh/do-not-disrupt on the pool's pods.
 	DoNotDisrupt bool
+	// Spot launches the pool's instances as spot instances (instanceLifecycle spot), the only
+	// kind AWS sends spot interruption notices to.
+	Spot bool
 }
 
 // Config describes a fleet. Client, Kubeconfig, EC2, AgentBin and KwokBin are required.
@@ -120,6 +123,9 @@ type Config struct {
 	// kubelet-oom is restarted by the agent before the remediator's toleration runs out.
 	// Needs dbus-daemon on the machine.
 	LocalRepair bool
+	// SpotNoticeWarning is how long after a spot-notice fault AWS reclaims the instance.
+	// Default DefaultSpotNoticeWarning, AWS's two minutes; tests shorten it.
+	SpotNoticeWarning time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -161,6 +167,7 @@ func (c *Config) defaults() error {
 	def(&c.AgentRenewInterval, 2*time.Second)
 	def(&c.CheckInterval, 2*time.Second)
 	def(&c.StabilityWindow, 5*time.Second)
+	def(&c.SpotNoticeWarning, DefaultSpotNoticeWarning)
 	if c.AgentLogLevel == "" {
 		c.AgentLogLevel = "warn"
 	}
@@ -326,7 +333,11 @@ func (f *Fleet) join(ctx context.Context, pool PoolSpec, zone string, real bool,
 	id := fmt.Sprintf("i-0f1ee7%011x", int64(seq)+time.Now().UnixNano()%(1<<36)<<8)
 	n := &Node{Name: name, Pool: pool.Name, Zone: zone, InstanceID: id, Real: real, fleet: f, spec: pool,
 		joined: time.Now(), kubeletUp: true, agentUp: true}
-	if err := f.cfg.EC2.AddInstance(ec2emu.Instance{ID: id, Zone: zone, Tags: map[string]string{f.cfg.ClusterTag: "owned"}}); err != nil {
+	inst := ec2emu.Instance{ID: id, Zone: zone, Tags: map[string]string{f.cfg.ClusterTag: "owned"}}
+	if pool.Spot {
+		inst.Lifecycle = ec2emu.LifecycleSpot
+	}
+	if err := f.cfg.EC2.AddInstance(inst); err != nil {
 		return nil, fmt.Errorf("fleet: add instance for %s: %w", name, err)
 	}
 	agentKind := "simulated"

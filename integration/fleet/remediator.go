@@ -27,8 +27,9 @@ var DevTimings = Timings{
 }
 
 // RemediatorConfig renders the RemediatorConfig for the fleet's pools: `general` is
-// Terminate (drain, then terminate even past the drain timeout), `kafka` is CordonOnly with a
-// drain that honours karpenter.sh/do-not-disrupt and waits; every other node (the developer's
+// Terminate (drain, then terminate even past the drain timeout) and acts on AWS's events with
+// the defaults, `kafka` is CordonOnly with a drain that honours karpenter.sh/do-not-disrupt and
+// waits, and only reports AWS's events (Notify); every other node (the developer's
 // own machine in `make run`) falls to a policy that only reports. Pools are told apart by
 // poolLabel, zones by topology.kubernetes.io/zone.
 func RemediatorConfig(cfg Config, t Timings) string {
@@ -64,6 +65,12 @@ policies:
     onTimeout: Proceed
   maxUnhealthy: 40%%
   maxInFlight: 2
+  interruptions:             # the defaults, spelled out
+    spotInterruption: Drain
+    rebalanceRecommendation: Notify
+    scheduledReboot: CordonOnly
+    scheduledRetirement: Drain
+    asgTermination: Drain
 - name: kafka
   nodeSelector: %[3]s=%[5]s
   action: CordonOnly
@@ -79,6 +86,12 @@ policies:
     onTimeout: Wait
   maxUnhealthy: 1
   maxInFlight: 1
+  interruptions:             # brokers move on their own schedule: AWS events are only reported
+    spotInterruption: Notify
+    rebalanceRecommendation: Notify
+    scheduledReboot: Notify
+    scheduledRetirement: Notify
+    asgTermination: Notify
 - name: others
   nodeSelector: ""
   action: None
@@ -94,14 +107,14 @@ func poolLabelOr(l string) string {
 }
 
 // DefaultPools is `make run`'s fleet: twelve nodes over three zones, four of them with a
-// real agent (two per pool).
+// real agent (two per pool); general runs on spot instances, kafka on demand.
 func DefaultPools(id string) []PoolSpec {
 	general, kafka := "general", "kafka"
 	if id != "" && id != "fleet" {
 		general, kafka = id+"-general", id+"-kafka"
 	}
 	return []PoolSpec{
-		{Name: general, Size: 8, RealAgents: 2},
+		{Name: general, Size: 8, RealAgents: 2, Spot: true},
 		{Name: kafka, Size: 4, RealAgents: 2, DoNotDisrupt: true},
 	}
 }

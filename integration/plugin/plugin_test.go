@@ -214,7 +214,7 @@ func TestStatusJSONIsOneObjectPerNode(t *testing.T) {
 }
 
 func TestExplainTellsTheGoldenStory(t *testing.T) {
-	for _, node := range []string{"general-a-2", "general-b-1", "general-b-2", "general-c-1", "general-c-2", "general-c-3", "kafka-a-1", "kafka-b-1"} {
+	for _, node := range []string{"general-a-2", "general-a-3", "general-b-1", "general-b-2", "general-c-1", "general-c-2", "general-c-3", "kafka-a-1", "kafka-b-1"} {
 		t.Run(node, func(t *testing.T) {
 			r := runPlugin(t, cp.KubeconfigPath(), "explain", node)
 			if r.code != 0 {

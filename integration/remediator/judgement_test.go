@@ -61,6 +61,28 @@ func (e *env) addTaint(n *simNode, key string) {
 	}
 }
 
+// withStartupTaint creates the node with the agent's startup taint: no remediator ever sees
+// it ready.
+func withStartupTaint(n *simNode) { n.taints = append(n.taints, startupTaint) }
+
+// waitObserving waits until r leads, then until the clock is in a later second than the one
+// it was in when r was seen leading: a Node created after that (creationTimestamp has
+// one-second resolution) is one r has watched since its creation, for which "never seen
+// ready" means never ready (remediation/decide everReady).
+func (e *env) waitObserving(r *replica) {
+	e.t.Helper()
+	var leading time.Time
+	e.eventually(r.name+" leading", 60*time.Second, func(ctx context.Context) (bool, error) {
+		v := metricValue(e.metrics(r), "nodevigil_remediator_is_leader")
+		leading = time.Now() // after the scrape: r had begun observing by then
+		return v == 1, nil
+	})
+	next := leading.Truncate(time.Second).Add(time.Second)
+	e.eventually("the second after "+r.name+" was seen leading", 5*time.Second, func(context.Context) (bool, error) {
+		return !time.Now().Before(next), nil
+	})
+}
+
 // waitFirstReady waits until the remediator has recorded each node ready once.
 func (e *env) waitFirstReady(nodes ...*simNode) {
 	e.t.Helper()
@@ -209,11 +231,14 @@ func TestStartupTaintBackOnReadyNodeIsNoStartupFailure(t *testing.T) {
 	e := newEnv(t)
 	const deadline = 6 * time.Second
 	policy := strings.Replace(terminatePolicy, "startupDeadline: 10m", "startupDeadline: "+deadline.String(), 1)
-	ready, neverReady := e.addNode("us-east-1a"), e.addNode("us-east-1a")
+	ready := e.addNode("us-east-1a")
 	others := []*simNode{e.addNode("us-east-1a"), e.addNode("us-east-1a")}
-	e.addTaint(neverReady, startupTaint) // before the remediator ever sees it ready
 	r := e.startReplica("replica-a", e.config(false, policy))
 	e.waitReady(r)
+	// Created tainted once the remediator watches, so it knows the node never became ready
+	// (a node it has not watched since its creation would be presumed ready past its deadline).
+	e.waitObserving(r)
+	neverReady := e.addNode("us-east-1a", withStartupTaint)
 	e.waitFirstReady(append(others, ready)...)
 
 	// The never-ready node is replaced once its deadline passed: the deadline is live.
@@ -235,6 +260,63 @@ func TestStartupTaintBackOnReadyNodeIsNoStartupFailure(t *testing.T) {
 	e.untouchedUntil(start.Add(3*deadline), time.Minute, func() bool { return true }, append(others, ready)...)
 	if e.hasEvent(ready.name, "StartupDeadlineExceeded") {
 		t.Errorf("StartupDeadlineExceeded on a node that was ready; events: %v", e.eventReasons(ready.name))
+	}
+}
+
+// Item 3 across a change of leader. The old leader saw a node ready, but its record was still
+// queued by the paced writer (--first-ready-rate: one token, then one record per 1000 s) when
+// that leader was killed, and the node got its startup taint back before the new leader saw it
+// ready: no record, no memory. Unknown must never mean never ready: the new leader has not
+// watched the node since its creation and its deadline has passed, so it presumes the node was
+// ready, says so (FirstReadyPresumed) and leaves it to the normal tolerations. A node created
+// tainted after the new leader began observing is replaced at its deadline (the positive
+// control: the deadline is live under the new leader). Before, the day-old node was terminated
+// for StartupDeadlineExceeded (checked by removing the presumption).
+func TestFirstReadyLostOnLeaderChangeIsNoStartupFailure(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const deadline = 6 * time.Second
+	cfg := e.config(false, strings.Replace(terminatePolicy, "startupDeadline: 10m", "startupDeadline: "+deadline.String(), 1))
+	a := e.startReplica("replica-a", cfg, "--first-ready-rate", "0.001", "--first-ready-burst", "1")
+	e.waitReady(a)
+	first := e.addNode("us-east-1a")
+	e.waitFirstReady(first) // takes the one token: the writer works
+	lost := e.addNode("us-east-1a")
+	e.eventually("replica-a saw "+lost.name+" ready, its record queued", 60*time.Second, func(context.Context) (bool, error) {
+		return metricValue(e.metrics(a), "nodevigil_remediator_first_ready_queued") == 1, nil
+	})
+	e.eventually(lost.name+" past its startup deadline", 30*time.Second, func(context.Context) (bool, error) {
+		obj, err := e.node(lost.name)
+		return err == nil && time.Since(obj.CreationTimestamp.Time) > deadline+time.Second, nil
+	})
+	a.proc.Kill()
+	e.addTaint(lost, startupTaint) // the agent re-adds it after a failed check
+	if obj, err := e.node(lost.name); err != nil || obj.Annotations[firstReadyKey] != "" {
+		t.Fatalf("%s: record written before the leader died (%v): the test proves nothing", lost.name, err)
+	}
+
+	b := e.startReplica("replica-b", cfg)
+	e.waitReady(b)
+	e.waitObserving(b)
+	neverReady := e.addNode("us-east-1a", withStartupTaint)
+	e.eventually("FirstReadyPresumed on "+lost.name, 60*time.Second, func(context.Context) (bool, error) {
+		if why := e.touched(lost); why != "" {
+			return false, fmt.Errorf("node %s was remediated: %s; events: %v", lost.name, why, e.eventReasons(lost.name))
+		}
+		return e.hasEvent(lost.name, "FirstReadyPresumed"), nil
+	})
+	// Past the new leader's observe period and the never-ready node's deadline: had the
+	// day-old node been judged never ready, it would have been terminated with it.
+	start := time.Now()
+	e.untouchedUntil(start.Add(2*deadline), 90*time.Second, func() bool {
+		return e.terminations(neverReady.instanceID) > 0
+	}, lost, first)
+	e.terminatedOnce(neverReady, 60*time.Second)
+	if !e.hasEvent(neverReady.name, "StartupDeadlineExceeded") {
+		t.Errorf("never-ready node terminated without a StartupDeadlineExceeded event: %v", e.eventReasons(neverReady.name))
+	}
+	if e.hasEvent(lost.name, "StartupDeadlineExceeded") {
+		t.Errorf("StartupDeadlineExceeded on a node that was ready; events: %v", e.eventReasons(lost.name))
 	}
 }
 

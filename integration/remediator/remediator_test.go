@@ -225,6 +225,7 @@ type simNode struct {
 	kubeletOn  bool
 	agentOn    bool
 	skew       time.Duration // added to the renewTime the node's "clock" writes
+	taints     []string      // NoSchedule taint keys the Node is created with
 }
 
 func (n *simNode) clock() time.Time {
@@ -270,6 +271,9 @@ func (e *env) addNode(zone string, opts ...func(*simNode)) *simNode {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{poolLabel: e.pool, zoneLabel: zone}},
 		Spec:       corev1.NodeSpec{ProviderID: "aws:///" + zone + "/" + id},
+	}
+	for _, k := range n.taints {
+		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: k, Effect: corev1.TaintEffectNoSchedule})
 	}
 	created, err := e.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {

@@ -90,7 +90,9 @@ type world struct {
 	cfg    string
 	out    *syncBuffer
 	rems   []*testbin.Process
-	seen   *tracker
+	// metrics are the remediator replicas' /metrics URLs, in start order.
+	metrics []string
+	seen    *tracker
 }
 
 // newWorld starts a fleet of pools (all in one zone, so one silent node never pauses it) and
@@ -160,13 +162,14 @@ func (w *world) startRemediator(name string) *testbin.Process {
 		"--listen-address", addr, "--metrics-secure=false", "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
-		"--resync-period", "10s", "--termination-confirm-delay", "2s",
+		"--resync-period", "10s", "--termination-confirm-delay", "2s", "--scheduled-events-interval", "10s",
 		"--log-format", "text",
 	}, "POD_NAME="+name, "AWS_ACCESS_KEY_ID=scenario", "AWS_SECRET_ACCESS_KEY=scenario", "AWS_CA_BUNDLE=")
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	w.rems = append(w.rems, p)
+	w.metrics = append(w.metrics, "http://"+addr+"/metrics")
 	w.t.Cleanup(func() {
 		_ = p.Stop(10 * time.Second)
 		if w.t.Failed() {
@@ -259,6 +262,7 @@ type history struct {
 	reasons     []string
 	states      []string
 	cordoned    bool
+	cordonedAt  time.Time // first seen cordoned
 	readyAt     time.Time
 	taintGoneAt time.Time
 	deleted     bool
@@ -303,6 +307,9 @@ func (tr *tracker) observe(nodes []corev1.Node) {
 			h.states = append(h.states, s)
 		}
 		h.cordoned = h.cordoned || n.Spec.Unschedulable
+		if n.Spec.Unschedulable && h.cordonedAt.IsZero() {
+			h.cordonedAt = time.Now()
+		}
 		ready := false
 		for _, c := range n.Status.Conditions {
 			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
@@ -373,6 +380,14 @@ func TestS000KubeletOOMKilledNodeIsReplaced(t *testing.T) {
 		func(c *fleet.Config) { c.LocalRepair = true })
 	w.startRemediator("remediator-a")
 	victim := w.node("s000-general", true)
+	// The remediator's metrics through the run, for the timeline beside the Events.
+	sampler, err := timeline.NewSampler(timeline.SamplerConfig{URLs: w.metrics, Interval: 250 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sampling, stopSampling := context.WithCancel(t.Context())
+	defer stopSampling()
+	go sampler.Run(sampling)
 
 	// Local repair first.
 	oom := time.Now()
@@ -426,24 +441,72 @@ func TestS000KubeletOOMKilledNodeIsReplaced(t *testing.T) {
 	}
 	t.Logf("S000: %s OOM-killed at %s, replaced by %s, total %s", victim.Name, injected.Format(time.TimeOnly), r.Name, time.Since(injected).Round(time.Second))
 
-	// The run's story, from the cluster's Events; `make timeline` keeps the picture in docs/.
+	// The run's story, from the cluster's Events and the remediator's metrics; `make timeline`
+	// keeps the picture in docs/.
+	w.eventually("the remediator's in-flight gauge back to 0", 15*time.Second, func() bool {
+		sampler.Scrape(t.Context())
+		s := sampler.Sampled().Samples
+		return len(s) > 0 && s[len(s)-1].Values[1] == 0
+	})
+	stopSampling()
 	points, err := timeline.Collect(t.Context(), w.client, victim.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var reasons []string
+	at := map[string]time.Time{}
 	for _, p := range points {
 		reasons = append(reasons, p.Reason)
-	}
-	for _, want := range []string{fleet.EventFaultInjected, "RemediationStarted", "Cordoned", "InstanceTerminated", fleet.EventReplacementJoined, "StartupTaintsRemoved"} {
-		if !containsString(reasons, want) {
-			t.Errorf("the timeline lacks %s: %v", want, reasons)
+		if _, ok := at[p.Reason]; !ok {
+			at[p.Reason] = p.At
 		}
 	}
+	for _, want := range []string{fleet.EventFaultInjected, "RemediationStarted", "Cordoned", "TerminationRequested", "InstanceTerminated", fleet.EventReplacementJoined, "StartupTaintsRemoved"} {
+		if !containsString(reasons, want) {
+			t.Fatalf("the timeline lacks %s: %v", want, reasons)
+		}
+	}
+	checkMetricsStory(t, sampler.Sampled(), at["RemediationStarted"], at["TerminationRequested"])
 	if out := os.Getenv("NODEVIGIL_TIMELINE_SVG"); out != "" {
-		if err := os.WriteFile(out, timeline.SVG("S000: a kubelet OOM-killed, its node replaced (general pool, make test timings)", victim.Name, points), 0o644); err != nil {
+		m := sampler.Sampled()
+		if err := os.WriteFile(out, timeline.SVG("S000: a kubelet OOM-killed, its node replaced (general pool, make test timings)", victim.Name, points, &m), 0o644); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// checkMetricsStory holds the remediator's metrics, sampled through S000, to the Events' story:
+// one node in flight, from no earlier than the decision's Event; exactly one termination
+// accepted, counted when the TerminationRequested Event says; all back to 0 at the end. Events
+// may be stamped in whole seconds, hence a second's slack.
+func checkMetricsStory(t *testing.T, m timeline.Sampled, decided, requested time.Time) {
+	t.Helper()
+	const unhealthy, inFlight, terms = 0, 1, 3 // indexes into timeline.RemediatorSeries
+	if len(m.Samples) < 10 {
+		t.Fatalf("%d metric samples (%d scrapes failed); want the whole run sampled", len(m.Samples), m.Failed)
+	}
+	first, last := m.Samples[0], m.Samples[len(m.Samples)-1]
+	if first.Values[terms] != 0 || last.Values[terms] != 1 {
+		t.Errorf("terminations accepted went %g → %g over the run, want 0 → 1", first.Values[terms], last.Values[terms])
+	}
+	if last.Values[inFlight] != 0 || last.Values[unhealthy] != 0 {
+		t.Errorf("at the end in flight %g, unhealthy %g; want 0 and 0 (the node replaced)", last.Values[inFlight], last.Values[unhealthy])
+	}
+	var peak float64
+	for _, s := range m.Samples {
+		peak = max(peak, s.Values[inFlight])
+		if s.Values[inFlight] > 0 && s.At.Before(decided.Add(-time.Second)) {
+			t.Errorf("in flight %g at %s, before the decision's Event at %s", s.Values[inFlight], s.At.Format(time.StampMilli), decided.Format(time.StampMilli))
+		}
+		if s.Values[terms] > 0 && s.At.Before(requested.Add(-time.Second)) {
+			t.Errorf("a termination counted at %s, before the TerminationRequested Event at %s", s.At.Format(time.StampMilli), requested.Format(time.StampMilli))
+		}
+		if s.Values[terms] == 0 && s.At.After(requested.Add(2*time.Second)) {
+			t.Errorf("no termination counted at %s, after the TerminationRequested Event at %s", s.At.Format(time.StampMilli), requested.Format(time.StampMilli))
+		}
+	}
+	if peak != 1 {
+		t.Errorf("in flight peaked at %g, want 1 (one node remediated)", peak)
 	}
 }
 

@@ -1,8 +1,9 @@
-// Package timeline turns a real run's Events into a picture of one remediation: the fault, the
-// decision, cordon, drain, termination and the replacement becoming ready, on one time axis.
-// It reads what the cluster recorded (the agents', the remediator's, kube-controller-manager's
-// and the simulated fleet's Events about the node and its replacement), so the picture shows
-// what happened, not what was meant to.
+// Package timeline turns a real run's Events and metrics into a picture of one remediation: the
+// fault, the decision, cordon, drain, termination and the replacement becoming ready, on one
+// time axis, above the remediator's own gauges and counters sampled during the run. It reads
+// what the cluster recorded (the agents', the remediator's, kube-controller-manager's and the
+// simulated fleet's Events about the node and its replacement) and what the remediator
+// reported on /metrics (Sampler), so the picture shows what happened, not what was meant to.
 package timeline
 
 import (
@@ -10,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"html"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -78,7 +80,9 @@ func source(ev corev1.Event) string {
 	return ev.ReportingController
 }
 
-// milestones are the steps of one remediation, in order, and the Event reasons that mark them.
+// milestones are the steps of one remediation, in order, and the Event reasons that mark them:
+// the remediator's own, its interruption handling's (a node drained for an AWS event), and the
+// fleet's (the fault, AWS reclaiming a spot instance, the replacement).
 var milestones = []struct {
 	name    string
 	reasons []string
@@ -86,17 +90,19 @@ var milestones = []struct {
 }{
 	{"fault", []string{"FaultInjected"}, "#d62728"},
 	{"decided", []string{"RemediationStarted"}, "#ff7f0e"},
-	{"cordoned", []string{"Cordoned"}, "#bcbd22"},
-	{"drain started", []string{"DrainStarted"}, "#9467bd"},
-	{"drained", []string{"DrainCompleted", "DrainTimedOut"}, "#8c564b"},
-	{"terminated", []string{"InstanceTerminated", "TerminationRequested"}, "#1f77b4"},
+	{"cordoned", []string{"Cordoned", "InterruptionCordoned"}, "#bcbd22"},
+	{"drain started", []string{"DrainStarted", "InterruptionDraining"}, "#9467bd"},
+	{"drained", []string{"DrainCompleted", "DrainTimedOut", "InterruptionDrained"}, "#8c564b"},
+	{"terminated", []string{"InstanceTerminated", "TerminationRequested", "InstanceReclaimed"}, "#1f77b4"},
 	{"replacement joined", []string{"ReplacementJoined"}, "#17becf"},
 	{"replacement ready", []string{"StartupTaintsRemoved"}, "#2ca02c"},
 }
 
-// SVG draws the points about node (and its replacement): a bar of the remediation's phases (from one milestone to the next) on
-// top, then one row per Event with its offset from the first, reason, node and source.
-func SVG(title, node string, points []Point) []byte {
+// SVG draws the points about node (and its replacement): a bar of the remediation's phases (from
+// one milestone to the next) on top; then, if metrics is not nil, one lane per series with its
+// value over the same time axis (a step line scaled to the series' own maximum); then one row
+// per Event with its offset from the first, reason, node and source.
+func SVG(title, node string, points []Point, metrics *Sampled) []byte {
 	const (
 		left, width, row, barY, barH = 20.0, 560.0, 18.0, 60.0, 26.0
 	)
@@ -106,14 +112,27 @@ func SVG(title, node string, points []Point) []byte {
 		span = 1
 	}
 	x := func(t time.Time) float64 { return left + width*t.Sub(t0).Seconds()/span }
-	listY := barY + barH + 80 // below four staggered rows of milestone labels
+	lanesY := barY + barH + 80 // below four staggered rows of milestone labels
+	listY := lanesY
+	var lanes []lane
+	if metrics != nil {
+		lanes = metricLanes(metrics, t0, t1)
+		listY += laneH * float64(len(lanes))
+		if len(lanes) > 0 {
+			listY += 32 // the caption under the lanes
+		}
+	}
 	h := listY + row*float64(len(points)) + 20
 	var b bytes.Buffer
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", int(left+width+420), int(h))
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", int(left+width+470), int(h))
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%g" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
-	fmt.Fprintf(&b, `<text x="%g" y="40" fill="#555">%s, %s in all; generated from the cluster's Events by integration/timeline</text>`+"\n",
-		left, t0.UTC().Format("2006-01-02 15:04:05 UTC"), t1.Sub(t0).Round(time.Second))
+	sources := "the cluster's Events"
+	if len(lanes) > 0 {
+		sources += " and the remediator's metrics"
+	}
+	fmt.Fprintf(&b, `<text x="%g" y="40" fill="#555">%s, %s in all; generated from %s by integration/timeline</text>`+"\n",
+		left, t0.UTC().Format("2006-01-02 15:04:05 UTC"), t1.Sub(t0).Round(time.Second), sources)
 	// Phase bar: each milestone's first occurrence, in order of time.
 	type mark struct {
 		at     time.Time
@@ -147,6 +166,29 @@ func SVG(title, node string, points []Point) []byte {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%g" fill="%s">%s +%.0fs</text>`+"\n", x(m.at)+2, labelY, m.colour,
 			html.EscapeString(m.name), m.at.Sub(t0).Seconds())
 	}
+	// The metrics, one lane per series.
+	for i, l := range lanes {
+		top := lanesY + laneH*float64(i)
+		base := top + laneH - 8
+		fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#ccc"/>`+"\n", left, base, left+width, base)
+		var pts strings.Builder
+		prev := math.NaN()
+		for _, s := range l.steps {
+			y := base - (laneH-14)*s.v/l.max
+			if !math.IsNaN(prev) {
+				fmt.Fprintf(&pts, "%.1f,%.1f ", x(s.at), prev) // hold the last value until this sample
+			}
+			fmt.Fprintf(&pts, "%.1f,%.1f ", x(s.at), y)
+			prev = y
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="#1f4e79" stroke-width="1.5" points="%s"/>`+"\n", strings.TrimSpace(pts.String()))
+		fmt.Fprintf(&b, `<text x="%g" y="%g" fill="#1f4e79">%s: 0 to %g</text>`+"\n", left+width+12, base-2,
+			html.EscapeString(l.label), l.peak)
+	}
+	if len(lanes) > 0 {
+		fmt.Fprintf(&b, `<text x="%g" y="%g" fill="#555">above: the remediator's /metrics, sampled every %s during the run (%d samples)</text>`+"\n",
+			left, lanesY+laneH*float64(len(lanes))+10, metrics.interval(), len(metrics.Samples))
+	}
 	// Every Event.
 	for i, p := range points {
 		y := listY + row*float64(i)
@@ -158,6 +200,67 @@ func SVG(title, node string, points []Point) []byte {
 	}
 	b.WriteString("</svg>\n")
 	return b.Bytes()
+}
+
+// laneH is the height of one metric's lane.
+const laneH = 34.0
+
+type step struct {
+	at time.Time
+	v  float64
+}
+
+// lane is one series within the picture's time range.
+type lane struct {
+	label string
+	steps []step
+	peak  float64 // the largest value seen
+	max   float64 // the lane's full scale: peak, at least 1
+}
+
+// metricLanes clips the samples to [t0, t1]; the last sample before t0 opens each lane, so a
+// value that was already up when the story starts is drawn from its start.
+func metricLanes(m *Sampled, t0, t1 time.Time) []lane {
+	var first int
+	for i, s := range m.Samples {
+		if !s.At.After(t0) {
+			first = i
+		}
+	}
+	var out []lane
+	for i, se := range m.Series {
+		l := lane{label: se.Label}
+		for _, s := range m.Samples[first:] {
+			if s.At.After(t1) || i >= len(s.Values) {
+				break
+			}
+			at := s.At
+			if at.Before(t0) {
+				at = t0
+			}
+			l.steps = append(l.steps, step{at, s.Values[i]})
+			l.peak = max(l.peak, s.Values[i])
+		}
+		if len(l.steps) == 0 {
+			continue
+		}
+		l.max = max(l.peak, 1)
+		out = append(out, l)
+	}
+	return out
+}
+
+// interval is the median gap between samples, for the caption.
+func (m *Sampled) interval() time.Duration {
+	if len(m.Samples) < 2 {
+		return 0
+	}
+	gaps := make([]time.Duration, 0, len(m.Samples)-1)
+	for i := 1; i < len(m.Samples); i++ {
+		gaps = append(gaps, m.Samples[i].At.Sub(m.Samples[i-1].At))
+	}
+	sort.Slice(gaps, func(i, j int) bool { return gaps[i] < gaps[j] })
+	return gaps[len(gaps)/2].Round(10 * time.Millisecond)
 }
 
 func containsStr(list []string, s string) bool {

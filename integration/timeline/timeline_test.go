@@ -35,6 +35,19 @@ func TestSVGMilestones(t *testing.T) {
 				"terminated +38s", "replacement joined +39s", "replacement ready +43s"},
 		},
 		{
+			name: "a spot notice: drained for AWS, reclaimed by AWS",
+			points: []Point{
+				{At: at(0), Node: "a", Reason: "FaultInjected"},
+				{At: at(3), Node: "a", Reason: "InterruptionCordoned"},
+				{At: at(4), Node: "a", Reason: "InterruptionDrained"},
+				{At: at(120), Node: "a", Reason: "InstanceReclaimed"},
+				{At: at(121), Node: "b", Reason: "ReplacementJoined"},
+				{At: at(127), Node: "b", Reason: "StartupTaintsRemoved"},
+			},
+			want:   []string{"fault +0s", "cordoned +3s", "drained +4s", "terminated +120s", "replacement joined +121s", "replacement ready +127s"},
+			absent: []string{"decided"},
+		},
+		{
 			name: "the dead node's own taint removal is not the replacement's",
 			points: []Point{
 				{At: at(0), Node: "a", Reason: "StartupTaintsRemoved"},
@@ -47,7 +60,7 @@ func TestSVGMilestones(t *testing.T) {
 	label := regexp.MustCompile(`fill="#[0-9a-f]+">([a-z ]+ \+\d+s)</text>`)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			svg := string(SVG("title <&>", "a", tt.points))
+			svg := string(SVG("title <&>", "a", tt.points, nil))
 			var got []string
 			for _, m := range label.FindAllStringSubmatch(svg, -1) {
 				got = append(got, m[1])

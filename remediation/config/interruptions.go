@@ -28,6 +28,26 @@ const (
 	InterruptionIgnore InterruptionAction = "Ignore"
 )
 
+// DoNotDisruptPods says what an interruption drain does with pods annotated
+// karpenter.sh/do-not-disrupt=true. An interruption is AWS's decision, not a judgement: the
+// pods lose their node whatever nodevigil does, so the question is only whether they get a
+// graceful eviction (last, once every other pod has left) or are left to the interruption.
+type DoNotDisruptPods string
+
+const (
+	// DoNotDisruptEvictLast evicts them after every other pod of the node has gone — or, at the
+	// latest, their termination grace period before the drain's deadline, so they still end
+	// before AWS acts.
+	DoNotDisruptEvictLast DoNotDisruptPods = "EvictLast"
+	// DoNotDisruptKeep never evicts them: they run until AWS interrupts the instance, and an
+	// Event at the deadline says so.
+	DoNotDisruptKeep DoNotDisruptPods = "Keep"
+	// DefaultDoNotDisruptPods: the pods are going anyway, and a graceful end beats a power-off.
+	// This is independent of drain.honorDoNotDisrupt, which governs remediation's own drains
+	// (a judgement, which such a pod may veto).
+	DefaultDoNotDisruptPods = DoNotDisruptEvictLast
+)
+
 // Defaults of the interruptions block: the choices of a careful operator. A spot notice gives
 // two minutes, so draining at once is the only useful answer; a rebalance recommendation is
 // only a risk; a reboot keeps the node, so cordoning ahead of it is enough; a retirement or
@@ -72,6 +92,9 @@ type InterruptionsSpec struct {
 	// or ASG terminations acted on at once, outside maxInFlight; past it they take
 	// maxInFlight slots, loudly. Default 50%.
 	MaxImmediate *intstr.IntOrString `json:"maxImmediate,omitempty"`
+	// DoNotDisruptPods: EvictLast or Keep, for pods annotated karpenter.sh/do-not-disrupt=true
+	// on a node drained for an interruption. Default EvictLast.
+	DoNotDisruptPods DoNotDisruptPods `json:"doNotDisruptPods,omitempty"`
 }
 
 // Interruptions is the resolved block: every kind has an action.
@@ -84,6 +107,7 @@ type Interruptions struct {
 	LeadTime                time.Duration
 	Margin                  time.Duration
 	MaxImmediate            intstr.IntOrString
+	DoNotDisruptPods        DoNotDisruptPods
 }
 
 // ImmediateAllowed returns how many of a pool of total nodes may have spot notices or ASG
@@ -98,7 +122,7 @@ func DefaultInterruptions() Interruptions {
 		SpotInterruption: DefaultSpotInterruption, RebalanceRecommendation: DefaultRebalanceRecommendation,
 		ScheduledReboot: DefaultScheduledReboot, ScheduledRetirement: DefaultScheduledRetirement,
 		ASGTermination: DefaultASGTermination, LeadTime: DefaultInterruptionLeadTime, Margin: DefaultInterruptionMargin,
-		MaxImmediate: DefaultMaxImmediate,
+		MaxImmediate: DefaultMaxImmediate, DoNotDisruptPods: DefaultDoNotDisruptPods,
 	}
 }
 
@@ -141,6 +165,13 @@ func resolveInterruptions(path string, s *InterruptionsSpec, fail func(path, for
 	if s.MaxImmediate != nil {
 		checkCap(path+".maxImmediate", *s.MaxImmediate, "every spot notice would wait for a maxInFlight slot; write 1 for that", fail)
 		out.MaxImmediate = *s.MaxImmediate
+	}
+	switch s.DoNotDisruptPods {
+	case "":
+	case DoNotDisruptEvictLast, DoNotDisruptKeep:
+		out.DoNotDisruptPods = s.DoNotDisruptPods
+	default:
+		fail(path+".doNotDisruptPods", "%q is not a choice; use EvictLast (evict them after every other pod) or Keep (never evict them; AWS interrupts them)", s.DoNotDisruptPods)
 	}
 	return out
 }

@@ -23,6 +23,7 @@ func TestInterruptionsDefaultsAndKafka(t *testing.T) {
     scheduledRetirement: Replace
     leadTime: 2h
     margin: 15m
+    doNotDisruptPods: Keep
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -34,11 +35,11 @@ func TestInterruptionsDefaultsAndKafka(t *testing.T) {
 		}
 	}
 	if general.SpotInterruption != InterruptionDrain || general.ScheduledRetirement != InterruptionReplace ||
-		general.LeadTime != 2*time.Hour || general.Margin != 15*time.Minute || general.ScheduledReboot != InterruptionCordonOnly {
+		general.LeadTime != 2*time.Hour || general.Margin != 15*time.Minute || general.ScheduledReboot != InterruptionCordonOnly || general.DoNotDisruptPods != DoNotDisruptKeep {
 		t.Errorf("general: %+v", general)
 	}
 	if def != DefaultInterruptions() || def.SpotInterruption != InterruptionDrain || def.RebalanceRecommendation != InterruptionNotify ||
-		def.ScheduledReboot != InterruptionCordonOnly || def.ScheduledRetirement != InterruptionDrain || def.LeadTime != time.Hour {
+		def.ScheduledReboot != InterruptionCordonOnly || def.ScheduledRetirement != InterruptionDrain || def.LeadTime != time.Hour || def.DoNotDisruptPods != DoNotDisruptEvictLast {
 		t.Errorf("default policy: %+v", def)
 	}
 }
@@ -71,6 +72,7 @@ func TestInterruptionsErrors(t *testing.T) {
 		{"negative lead time", "  interruptions: {leadTime: -1h}\n", "policies[0].interruptions.leadTime: -1h0m0s is negative"},
 		{"bad margin", "  interruptions: {margin: soon}\n", `policies[0].interruptions.margin: "soon" is not a duration`},
 		{"zero maxImmediate", "  interruptions: {maxImmediate: 0}\n", "policies[0].interruptions.maxImmediate: 0 must be at least 1"},
+		{"unknown doNotDisruptPods", "  interruptions: {doNotDisruptPods: Never}\n", `policies[0].interruptions.doNotDisruptPods: "Never" is not a choice; use EvictLast`},
 		{"maxImmediate above 100%", "  interruptions: {maxImmediate: 150%}\n", `policies[0].interruptions.maxImmediate: "150%" is above 100%`},
 	}
 	for _, tc := range tests {

@@ -51,7 +51,10 @@
 // startup failure:
 // the node is judged by its heartbeats, Ready and the agent conditions the policy names (the
 // agent re-adds its taint because one of its checks failed, and that check's condition carries
-// the time and the toleration), and the taint is only mentioned in the message.
+// the time and the toleration), and the taint is only mentioned in the message. Without a record
+// or memory, "never ready" needs evidence (everReady): the kubelet never posted status, or this
+// leader has watched the node since its creation; otherwise, past its startup deadline, the
+// node is presumed ready (a change of leader may have lost the record) and the message says so.
 //
 // Gates applied after the verdict: the do-not-remediate annotation (never act); a policy whose
 // action is None (report only); the startup grace (no remediation of a node younger than
@@ -214,6 +217,10 @@ type Decision struct {
 	// silent — which is when the record starts to matter, so it must survive a change of
 	// leader.
 	PersistFirstReady bool
+	// PresumedReady reports that the node does not look ready, has no first-ready record,
+	// and was judged as having been ready by presumption (everReady's rule 5): the startup
+	// deadline did not apply to it. The controller says so in an Event, once.
+	PresumedReady bool
 }
 
 var defaultPolicy = func() *config.Policy {
@@ -224,42 +231,140 @@ var defaultPolicy = func() *config.Policy {
 // Decide judges one node. It is pure: the same Input always gives the same Decision.
 func Decide(in Input) Decision {
 	d := decideNode(in)
-	d.PersistFirstReady = persistFirstReady(in)
+	if in.Node == nil || FirstReady(in.Node) {
+		return d
+	}
+	if in.Policy == nil {
+		in.Policy = defaultPolicy
+	}
+	switch {
+	case !in.SeenReadyAt.IsZero():
+		d.PersistFirstReady = !looksReady(in)
+	case everReady(in).rule == rulePresumed:
+		d.PresumedReady = !looksReady(in)
+	}
 	return d
 }
 
-// persistFirstReady reports whether the node is first ready only in the leader's memory and
-// does not look ready now (see Decision.PersistFirstReady).
-func persistFirstReady(in Input) bool {
-	if in.Node == nil || in.SeenReadyAt.IsZero() || FirstReady(in.Node) {
-		return false
-	}
+// looksReady reports whether the node looks ready now: Ready=True, no startup taint and a live
+// kubelet. A node first ready only in the leader's memory that stops looking so must have its
+// record persisted (Decision.PersistFirstReady).
+func looksReady(in Input) bool {
 	p := in.Policy
-	if p == nil {
-		p = defaultPolicy
-	}
 	ready := condition(in.Node, corev1.NodeReady)
 	if ready == nil || ready.Status != corev1.ConditionTrue || startupTaint(in.Node, p.StartupTaints) != "" {
-		return true
+		return false
 	}
 	brief := in
 	brief.NoMessage = true
-	return kubeletSignal(brief).stale
+	return !kubeletSignal(brief).stale
 }
 
-// firstReady reports whether the node was ready once: recorded on the node, or seen by this
-// leader.
-func firstReady(in Input) bool { return FirstReady(in.Node) || !in.SeenReadyAt.IsZero() }
+// Reason of the Ready condition kube-controller-manager's node lifecycle controller sets on a
+// node whose kubelet never posted its status.
+const reasonNodeStatusNeverUpdated = "NodeStatusNeverUpdated"
 
-// firstReadyAt is the first-ready time for messages.
-func firstReadyAt(in Input) string {
-	if v := in.Node.Annotations[AnnotationFirstReady]; v != "" {
-		return v
+// readiness is what is known of whether a node ever became ready (Ready=True, a live kubelet,
+// no startup taint), and by which rule (see everReady).
+type readiness struct {
+	ready bool // became ready, known or presumed: the startup deadline no longer applies
+	known bool // recorded on the node or seen by this leader (the record need not be asked for)
+	rule  readinessRule
+}
+
+// readinessRule names the rule of everReady that applied.
+type readinessRule int
+
+const (
+	ruleRecorded readinessRule = iota
+	ruleSeen
+	ruleNoReadyCondition
+	ruleNeverUpdated
+	ruleWatchedSinceCreation
+	rulePresumed
+	ruleNotYet
+)
+
+// everReady decides whether the node ever became ready. "Not known" must never mean "never
+// ready": a change of leader loses the old leader's memory of nodes whose record was still
+// queued (firstready.go in the controller), and a node wrongly judged never ready is killed
+// for StartupDeadlineExceeded. The rules, in order:
+//
+//  1. the first-ready annotation: ready, recorded;
+//  2. this leader's memory (SeenReadyAt): ready, seen;
+//  3. no Ready condition, or Ready=Unknown with reason NodeStatusNeverUpdated (set by the node
+//     lifecycle controller only while the kubelet has never posted the node's status): never
+//     ready, whoever leads;
+//  4. the node was created after this leader began observing (ObservingSince, which a gap in
+//     observation moves forward): its memory covers the node's whole life, so not seen ready
+//     means never ready;
+//  5. otherwise the evidence is missing. Past the startup deadline the node is presumed ready
+//     (an earlier leader may have seen it so): it is judged by its heartbeats, Ready and
+//     conditions, which still handle a dead node. Before the deadline nothing is decided
+//     yet: the startup deadline only waits.
+//
+// The rule applied is named in the decision's message (readiness.text). It allocates nothing:
+// the census runs it for every node.
+func everReady(in Input) readiness {
+	node := in.Node
+	if FirstReady(node) {
+		return readiness{ready: true, known: true, rule: ruleRecorded}
 	}
-	if in.SeenReadyAt.IsZero() {
+	if !in.SeenReadyAt.IsZero() {
+		return readiness{ready: true, known: true, rule: ruleSeen}
+	}
+	switch ready := condition(node, corev1.NodeReady); {
+	case ready == nil:
+		return readiness{rule: ruleNoReadyCondition}
+	case ready.Status == corev1.ConditionUnknown && ready.Reason == reasonNodeStatusNeverUpdated:
+		return readiness{rule: ruleNeverUpdated}
+	}
+	if watchedSinceCreation(in) {
+		return readiness{rule: ruleWatchedSinceCreation}
+	}
+	if !in.Now.Before(node.CreationTimestamp.Add(in.Policy.StartupDeadline)) {
+		return readiness{ready: true, rule: rulePresumed}
+	}
+	return readiness{rule: ruleNotYet}
+}
+
+// text describes the rule that applied, for messages.
+func (r readiness) text(in Input) string {
+	created := in.Node.CreationTimestamp.Time
+	switch r.rule {
+	case ruleRecorded:
+		return "first ready at " + in.Node.Annotations[AnnotationFirstReady] + " (recorded on the node)"
+	case ruleSeen:
+		return "first ready at " + ts(in.SeenReadyAt) + " (seen by this leader)"
+	case ruleNoReadyCondition:
+		return "never ready: the kubelet never posted a Ready condition"
+	case ruleNeverUpdated:
+		return "never ready: Ready=Unknown (" + reasonNodeStatusNeverUpdated + "), the kubelet never posted the node's status"
+	case ruleWatchedSinceCreation:
+		return fmt.Sprintf("never ready: watched by this leader since its creation %s (observing since %s) and never seen ready", ts(created), ts(in.ObservingSince))
+	case rulePresumed:
+		return fmt.Sprintf("presumed ready: no first-ready record, not watched by this leader since its creation %s (observing since %s), startup deadline passed at %s, so an earlier leader may have seen it ready",
+			ts(created), tsOrNever(in.ObservingSince), ts(created.Add(in.Policy.StartupDeadline)))
+	default:
+		return "not seen ready yet, within its startup deadline"
+	}
+}
+
+// watchedSinceCreation reports whether this leader has observed the node since it was
+// created. creationTimestamp has one-second resolution and the control plane's clock, so the
+// node must be created in a later second than ObservingSince: a doubt counts as not watched.
+func watchedSinceCreation(in Input) bool {
+	if in.ObservingSince.IsZero() {
+		return false
+	}
+	return !in.Node.CreationTimestamp.Time.Before(in.ObservingSince.Truncate(time.Second).Add(time.Second))
+}
+
+func tsOrNever(t time.Time) string {
+	if t.IsZero() {
 		return "never"
 	}
-	return ts(in.SeenReadyAt)
+	return ts(t)
 }
 
 func decideNode(in Input) Decision {
@@ -477,7 +582,8 @@ func verdict(in Input) Decision {
 	}
 
 	// The agent is alive, so its conditions are current.
-	firstReady := firstReady(in)
+	rd := everReady(in)
+	firstReady := rd.ready
 	ready := condition(node, corev1.NodeReady)
 	taint := startupTaint(node, in.Policy.StartupTaints)
 	var cands []Decision
@@ -531,7 +637,9 @@ func verdict(in Input) Decision {
 	note := ""
 	switch {
 	case taint != "" && firstReady:
-		note = fmt.Sprintf("; startup taint %s is back on a node first ready at %s: judged by its heartbeats and conditions, not by the startup deadline", taint, firstReadyAt(in))
+		note = fmt.Sprintf("; startup taint %s is on a node past startup (%s): judged by its heartbeats and conditions, not by the startup deadline", taint, rd.text(in))
+	case rd.rule == rulePresumed && !in.NoMessage:
+		note = "; " + rd.text(in)
 	case taint != "":
 		created := node.CreationTimestamp.Time
 		deadline := created.Add(in.Policy.StartupDeadline)
@@ -540,13 +648,13 @@ func verdict(in Input) Decision {
 		} else {
 			cands = append(cands, Decision{
 				Reason:     ReasonStartupDeadlineExceeded,
-				Message:    fmt.Sprintf("%s but the node still carries startup taint %s: it never became ready; startup deadline %s passed at %s", ag.what, taint, in.Policy.StartupDeadline, ts(deadline)),
+				Message:    fmt.Sprintf("%s but the node still carries startup taint %s: %s; startup deadline %s passed at %s", ag.what, taint, rd.text(in), in.Policy.StartupDeadline, ts(deadline)),
 				Since:      created,
 				EligibleAt: deadline,
 			})
 		}
 	}
-	record := !firstReady && taint == "" && !kub.stale && ready != nil && ready.Status == corev1.ConditionTrue
+	record := !rd.known && taint == "" && !kub.stale && ready != nil && ready.Status == corev1.ConditionTrue
 
 	// Whatever the verdict, look again when a fresh heartbeat could go stale or the startup
 	// deadline arrives.
@@ -591,8 +699,9 @@ func neverSeen(in Input, kub signal) Decision {
 	ready := condition(node, corev1.NodeReady)
 	readyTrue := ready != nil && ready.Status == corev1.ConditionTrue
 	taint := startupTaint(node, p.StartupTaints)
-	firstReady := firstReady(in)
-	record := !firstReady && readyTrue && !kub.stale && taint == ""
+	rd := everReady(in)
+	firstReady := rd.ready
+	record := !rd.known && readyTrue && !kub.stale && taint == ""
 	single := p.Liveness == config.LivenessSingleSignal
 
 	if in.NoAgents && !single {
@@ -631,18 +740,19 @@ func neverSeen(in Input, kub signal) Decision {
 		}
 		if since.IsZero() {
 			return Decision{
-				Action:       ActionNone,
-				Reason:       ReasonAgentNeverSeen,
-				Message:      fmt.Sprintf("agent never seen, but the node (first ready %s) is Ready and %s: only the agent is missing; never remediated", firstReadyAt(in), kub.what),
-				RequeueAfter: until(now, kub.at),
+				Action:           ActionNone,
+				Reason:           ReasonAgentNeverSeen,
+				Message:          fmt.Sprintf("agent never seen, but the node (%s) is Ready and %s: only the agent is missing; never remediated", rd.text(in), kub.what),
+				RequeueAfter:     until(now, kub.at),
+				RecordFirstReady: record,
 			}
 		}
 		if !single {
 			return Decision{
 				Action: ActionNone,
 				Reason: ReasonAgentNeverSeen,
-				Message: fmt.Sprintf("agent never seen and the node (first ready %s) has %s: that is one signal only, and policy %s has liveness TwoSignal; not remediated",
-					firstReadyAt(in), strings.Join(evidence, " and "), p.Name),
+				Message: fmt.Sprintf("agent never seen and the node (%s) has %s: that is one signal only, and policy %s has liveness TwoSignal; not remediated",
+					rd.text(in), strings.Join(evidence, " and "), p.Name),
 				RequeueAfter: until(now, kub.at),
 				Since:        since,
 				Silent:       kub.stale,
@@ -650,8 +760,8 @@ func neverSeen(in Input, kub signal) Decision {
 		}
 		return due(Decision{
 			Reason: ReasonKubeletUnhealthy,
-			Message: fmt.Sprintf("agent never seen and the node (first ready %s) has %s; policy %s has liveness SingleSignal: singleSignal toleration %s from %s",
-				firstReadyAt(in), strings.Join(evidence, " and "), p.Name, p.Tolerations.SingleSignal, ts(since)),
+			Message: fmt.Sprintf("agent never seen and the node (%s) has %s; policy %s has liveness SingleSignal: singleSignal toleration %s from %s",
+				rd.text(in), strings.Join(evidence, " and "), p.Name, p.Tolerations.SingleSignal, ts(since)),
 			Since:      since,
 			EligibleAt: since.Add(p.Tolerations.SingleSignal),
 			Unhealthy:  true,
@@ -719,8 +829,8 @@ func neverSeen(in Input, kub signal) Decision {
 	eligible := later(deadline, since.Add(p.Tolerations.KubeletUnhealthy))
 	return due(Decision{
 		Reason: ReasonStartupDeadlineExceeded,
-		Message: fmt.Sprintf("agent never seen and the node never became ready: it %s; startup deadline %s passed at %s (eligible %s)",
-			strings.Join(evidence, " and "), p.StartupDeadline, ts(deadline), ts(eligible)),
+		Message: fmt.Sprintf("agent never seen and the node %s: it %s; startup deadline %s passed at %s (eligible %s)",
+			rd.text(in), strings.Join(evidence, " and "), p.StartupDeadline, ts(deadline), ts(eligible)),
 		Since:      since,
 		EligibleAt: eligible,
 		Unhealthy:  true,

@@ -75,6 +75,13 @@ func node(opts ...nodeOpt) *corev1.Node {
 	return n
 }
 
+// neverUpdated is the Ready condition kube-controller-manager sets on a node whose kubelet
+// never posted status.
+func neverUpdated(n *corev1.Node) {
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionUnknown,
+		Reason: "NodeStatusNeverUpdated", Message: "Kubelet never posted node status.", LastTransitionTime: metav1.NewTime(at(-23 * time.Hour))})
+}
+
 // notRecorded removes the first-ready record node() gives every node by default.
 func notRecorded(n *corev1.Node) { delete(n.Annotations, AnnotationFirstReady) }
 
@@ -137,6 +144,7 @@ func TestDecide(t *testing.T) {
 		// never); persist wants PersistFirstReady.
 		seenReady *time.Duration
 		persist   bool
+		presumed  bool // want PresumedReady
 
 		action     Action
 		reason     string
@@ -181,10 +189,11 @@ func TestDecide(t *testing.T) {
 			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, record: true},
 		{name: "no record while the startup taint is on", node: node(notRecorded, created(-5*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
-		{name: "no record while Ready is not True", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+		{name: "no record while Ready is not True", node: node(notRecorded, created(-5*time.Minute), cond(corev1.NodeReady, corev1.ConditionFalse, -time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "no record while the kubelet is stale", node: node(notRecorded), kubelet: lease(-60 * time.Second), agent: freshAgent,
-			action: ActionWait, reason: ReasonKubeletUnhealthy, requeue: 40 * time.Second, unhealthy: true, silent: true},
+			presumed: true,
+			action:   ActionWait, reason: ReasonKubeletUnhealthy, requeue: 40 * time.Second, unhealthy: true, silent: true},
 
 		// The first-ready record is lazy: the leader remembers a node it saw ready
 		// (SeenReadyAt) and judges it as recorded; the annotation is asked for only when the
@@ -202,7 +211,7 @@ func TestDecide(t *testing.T) {
 		{name: "recorded on the node: never persisted again", node: node(taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, seenReady: seen(-time.Hour),
 			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
 		{name: "agent never seen, seen ready, Ready=False: one signal, persist the record", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -2*time.Minute)), kubelet: freshKubelet, seenReady: seen(-time.Hour),
-			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: -1, persist: true, msg: "first ready 2025-03-01T11:00:00Z"},
+			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: -1, persist: true, msg: "first ready at 2025-03-01T11:00:00Z (seen by this leader)"},
 
 		// Row 2: agent fresh, kubelet down (its Lease stale, or Ready=False once ready).
 		{name: "kubelet lease just stale, agent fresh: wait for kubeletUnhealthy toleration", node: node(), kubelet: lease(-60 * time.Second), agent: freshAgent,
@@ -220,8 +229,11 @@ func TestDecide(t *testing.T) {
 			action: ActionWait, reason: ReasonKubeletUnhealthy, since: -2 * time.Minute, checkSince: true, eligible: 3 * time.Minute, checkElig: true, unhealthy: true, requeue: 40 * time.Second, msg: "Ready=False"},
 		{name: "Ready=False after first ready beyond toleration: remediate", node: node(cond(corev1.NodeReady, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionRemediate, reason: ReasonKubeletUnhealthy, unhealthy: true, requeue: 0},
-		{name: "Ready=False before first ready is the startup deadline's business", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+		{name: "Ready=False before first ready is the startup deadline's business", node: node(notRecorded, created(-10*time.Minute), cond(corev1.NodeReady, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "Ready=False on a day-old node without record, not watched since creation: presumed ready, kubelet toleration", node: node(notRecorded, cond(corev1.NodeReady, corev1.ConditionFalse, -6*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
+			presumed: true,
+			action:   ActionRemediate, reason: ReasonKubeletUnhealthy, unhealthy: true, requeue: 0, msg: "presumed ready: no first-ready record"},
 		{name: "KubeletHealthy named in tolerations.conditions: its own toleration", node: node(cond(ConditionKubeletHealthy, corev1.ConditionFalse, -21*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			policy: policy(func(p *config.Policy) { p.Tolerations.Conditions["KubeletHealthy"] = 20 * time.Minute }),
 			action: ActionRemediate, reason: ReasonConditionUnhealthy, unhealthy: true, requeue: 0, msg: "KubeletHealthy=False"},
@@ -272,8 +284,13 @@ func TestDecide(t *testing.T) {
 			action: ActionNone, reason: ReasonAgentNeverSeen, requeue: 45 * time.Second, record: true},
 		{name: "never seen past the deadline, Ready but stuck startup taint: remediate", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet,
 			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, requeue: 0, msg: "still carries startup taint"},
-		{name: "never seen, never recorded ready, kubelet silent long: startup deadline", node: node(notRecorded), kubelet: lease(-10 * time.Minute),
-			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, silent: true, requeue: 0},
+		{name: "never seen, never ready since this leader watched its creation, kubelet silent long: startup deadline", node: node(notRecorded, created(-25*time.Minute)), kubelet: lease(-10 * time.Minute),
+			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, silent: true, requeue: 0, msg: "watched by this leader since its creation"},
+		{name: "never seen, no record on a day-old node the leader did not watch, kubelet silent: presumed ready, one signal", node: node(notRecorded), kubelet: lease(-10 * time.Minute),
+			presumed: true,
+			action:   ActionNone, reason: ReasonAgentNeverSeen, silent: true, requeue: 0, msg: "presumed ready"},
+		{name: "never seen, Ready=Unknown NodeStatusNeverUpdated on a day-old node: never ready whoever leads", node: node(notRecorded, neverUpdated), observing: -10 * time.Minute,
+			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, silent: true, requeue: 0, msg: "NodeStatusNeverUpdated"},
 
 		// Agent never seen on a node that was ready: one signal. Never, unless SingleSignal.
 		{name: "never seen, was ready, serving: never", node: node(), kubelet: freshKubelet,
@@ -294,7 +311,8 @@ func TestDecide(t *testing.T) {
 		{name: "no agent leases anywhere: a stuck startup taint past the deadline is not remediated", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, noAgents: true,
 			action: ActionNone, reason: ReasonNoAgentLeases, requeue: 45 * time.Second, msg: "no nodevigil agent Lease exists for any node"},
 		{name: "no agent leases anywhere: a dead kubelet is not remediated", node: node(notRecorded), kubelet: lease(-time.Hour), noAgents: true,
-			action: ActionNone, reason: ReasonNoAgentLeases, requeue: 0, silent: true},
+			presumed: true,
+			action:   ActionNone, reason: ReasonNoAgentLeases, requeue: 0, silent: true},
 		{name: "no agent leases anywhere, ready node: recorded ready all the same", node: node(notRecorded), kubelet: freshKubelet, noAgents: true,
 			action: ActionNone, reason: ReasonNoAgentLeases, requeue: 45 * time.Second, record: true},
 		{name: "no agent leases anywhere under SingleSignal: judged on the kubelet", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, noAgents: true, policy: policy(singleSignal),
@@ -304,9 +322,23 @@ func TestDecide(t *testing.T) {
 		{name: "agent fresh, startup taint kept, booting: nothing yet, requeue at the deadline", node: node(notRecorded, created(-(20*time.Minute - 10*time.Second)), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionNone, reason: ReasonHealthy, requeue: 10 * time.Second},
 		{name: "agent fresh, startup taint kept past the deadline: remediate", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, since: -25 * time.Minute, checkSince: true, eligible: -5 * time.Minute, checkElig: true, unhealthy: true, requeue: 0, msg: "never became ready"},
+			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, since: -25 * time.Minute, checkSince: true, eligible: -5 * time.Minute, checkElig: true, unhealthy: true, requeue: 0, msg: "never ready: watched by this leader since its creation 2025-03-01T11:35:00Z"},
 		{name: "startup taint back on a day-old node first ready: no startup deadline", node: node(taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent,
-			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, msg: "is back on a node first ready at"},
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, msg: "is on a node past startup (first ready at 2025-03-01T10:00:00Z (recorded on the node))"},
+		// A change of leader loses the memory of nodes whose record was still queued: no
+		// record, and the new leader never saw the node ready. Unknown is never "never ready".
+		{name: "leader change lost the queued record, startup taint back on a day-old node: presumed ready", node: node(notRecorded, taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, observing: -10 * time.Minute,
+			presumed: true,
+			action:   ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, msg: "presumed ready: no first-ready record, not watched by this leader since its creation 2025-02-28T12:00:00Z (observing since 2025-03-01T11:50:00Z)"},
+		{name: "leader change, startup taint on a node the leader did not watch, before its deadline: nothing yet", node: node(notRecorded, created(-15*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, observing: -10 * time.Minute,
+			action: ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second},
+		{name: "node created in the second the leader began observing: a doubt, presumed ready", node: node(notRecorded, created(-25*time.Minute+500*time.Millisecond), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, observing: -25 * time.Minute,
+			presumed: true,
+			action:   ActionNone, reason: ReasonHealthy, requeue: 40 * time.Second, msg: "presumed ready"},
+		{name: "node created the second after the leader began observing: watched, never ready", node: node(notRecorded, created(-25*time.Minute+time.Second), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, observing: -25 * time.Minute,
+			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, requeue: 0, msg: "watched by this leader since its creation"},
+		{name: "startup taint kept, Ready=Unknown NodeStatusNeverUpdated, new leader: never ready", node: node(notRecorded, neverUpdated, taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: freshAgent, observing: -10 * time.Minute,
+			action: ActionRemediate, reason: ReasonStartupDeadlineExceeded, unhealthy: true, requeue: 0, msg: "never ready: Ready=Unknown (NodeStatusNeverUpdated)"},
 		{name: "startup taint back with its check's condition False: that condition's toleration", node: node(taint(config.DefaultStartupTaint), cond(ConditionNetworkingReady, corev1.ConditionFalse, -11*time.Minute)), kubelet: freshKubelet, agent: freshAgent,
 			action: ActionRemediate, reason: ReasonConditionUnhealthy, unhealthy: true, requeue: 0, msg: "NetworkingReady=False"},
 		{name: "agent silent, kubelet fresh, startup taint kept: still never", node: node(notRecorded, created(-25*time.Minute), taint(config.DefaultStartupTaint)), kubelet: freshKubelet, agent: staleAgent,
@@ -422,6 +454,9 @@ func TestDecide(t *testing.T) {
 			}
 			if d.PersistFirstReady != tt.persist {
 				t.Errorf("PersistFirstReady = %v, want %v", d.PersistFirstReady, tt.persist)
+			}
+			if d.PresumedReady != tt.presumed {
+				t.Errorf("PresumedReady = %v, want %v", d.PresumedReady, tt.presumed)
 			}
 			if !strings.Contains(d.Message, tt.msg) {
 				t.Errorf("Message %q does not contain %q", d.Message, tt.msg)

@@ -39,6 +39,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -109,6 +110,24 @@ func procs(current int, envSet bool) int {
 		return 0
 	}
 	return maxProcs
+}
+
+// gcPercent is the agent's GOGC unless the GOGC environment variable is set (an operator's
+// explicit choice wins). The agent's live heap is about 2 MiB, below the runtime's 4 MiB
+// minimum heap goal at GOGC 100, so the heap grew to 4 MiB of mostly garbage between two
+// collections (one every few minutes) and the scavenger kept it resident: that was most of the
+// anonymous RSS the IMDS poll's garbage added (docs/benchmarks.md, "Agent steady state"). At
+// 50 the goal is 1.5 × the live heap; the collections this adds cost a few hundred
+// microseconds each, once a minute or so.
+const gcPercent = 50
+
+// gogc returns the GC percent to set given whether the GOGC environment variable is set, or
+// -1 to leave the runtime's.
+func gogc(envSet bool) int {
+	if envSet {
+		return -1
+	}
+	return gcPercent
 }
 
 // checkBuilder builds the checks from the configuration and returns a function releasing
@@ -254,6 +273,9 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 	if n := procs(runtime.GOMAXPROCS(0), os.Getenv("GOMAXPROCS") != ""); n > 0 {
 		prev := runtime.GOMAXPROCS(n)
 		log.Debug("gomaxprocs capped", "from", prev, "to", n)
+	}
+	if p := gogc(os.Getenv("GOGC") != ""); p >= 0 {
+		debug.SetGCPercent(p)
 	}
 	klog.SetSlogLogger(log) // client-go's own messages (API warnings, auth plugins) as slog
 

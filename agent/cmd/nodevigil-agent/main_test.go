@@ -251,6 +251,15 @@ func TestRunCommandErrors(t *testing.T) {
 	}
 }
 
+func TestGOGC(t *testing.T) {
+	if got := gogc(false); got != gcPercent || gcPercent >= 100 {
+		t.Errorf("gogc(env unset) = %d, want %d (below the runtime's 100)", got, gcPercent)
+	}
+	if got := gogc(true); got != -1 {
+		t.Errorf("gogc(env set) = %d, want -1 (the operator's GOGC stands)", got)
+	}
+}
+
 func TestProcs(t *testing.T) {
 	for _, tc := range []struct {
 		current int
@@ -308,7 +317,7 @@ func TestCheckShowsPendingAWSEvents(t *testing.T) {
 	defer healthz.Close()
 	emu := ec2emu.New(ec2emu.Config{})
 	const id = "i-0123456789abcdef0"
-	if err := emu.AddInstance(ec2emu.Instance{ID: id}); err != nil {
+	if err := emu.AddInstance(ec2emu.Instance{ID: id, Lifecycle: ec2emu.LifecycleSpot}); err != nil {
 		t.Fatal(err)
 	}
 	emu.SetSpotInstanceAction(id, "terminate", time.Now().Add(2*time.Minute))

@@ -39,15 +39,20 @@ func main() {
 	baseline := flag.Duration("baseline", 2*time.Minute, "window before the agent starts, to measure the apiserver's own requests (its identity Lease) and subtract them")
 	compare := flag.Bool("compare", false, "run a second agent on a second Node with the AWS event checks off (imds.disabled: true) alongside, and report its RSS and CPU: the IMDS watcher's cost at the same time and load (the API rows then count both agents)")
 	spotInterval := flag.Duration("spot-interval", 0, "imds.spotInterval for the measured agent (0: the agent's default, 2s)")
+	lifecycle := flag.String("lifecycle", "spot", "the emulated instance's purchasing option (instance-life-cycle): spot (the agent polls the spot paths every spot interval) or on-demand (it never reads them)")
 	imdsOn := flag.Bool("imds", true, "serve the agent an emulated instance metadata service (integration/ec2emu), so the AWS event watcher polls as on EC2; false leaves the default endpoint, unreachable off EC2")
 	flag.Parse()
-	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *spotInterval); err != nil {
+	if *lifecycle != "spot" && *lifecycle != "on-demand" {
+		fmt.Fprintf(os.Stderr, "agentsteady: -lifecycle %q: want spot or on-demand\n", *lifecycle)
+		os.Exit(2)
+	}
+	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *spotInterval, *lifecycle); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool, spotInterval time.Duration) error {
+func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool, spotInterval time.Duration, lifecycle string) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -98,8 +103,8 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		return err
 	}
 	// Default intervals: this measures what a real node would do. The IMDS watcher is on by
-	// default; an emulated metadata service makes it poll (spot and rebalance every 2 s) as on
-	// EC2, where off EC2 it would only back off against an unreachable address.
+	// default; an emulated metadata service makes it poll (on a spot instance, spot and
+	// rebalance every 2 s) as on EC2, where off EC2 it would only back off against an unreachable address.
 	args := []string{"run",
 		"--node-name", nodeName, "--namespace", ns, "--pod-name", "agent-bench",
 		"--kubeconfig", cp.KubeconfigPath(), "--host-root", filepath.Join(dir, "host"),
@@ -109,7 +114,11 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	const instanceID = "i-0b0000000000000a1"
 	emu := ec2emu.New(ec2emu.Config{})
 	if imdsOn {
-		if err := emu.AddInstance(ec2emu.Instance{ID: instanceID}); err != nil {
+		in := ec2emu.Instance{ID: instanceID}
+		if lifecycle == "spot" {
+			in.Lifecycle = ec2emu.LifecycleSpot
+		}
+		if err := emu.AddInstance(in); err != nil {
 			return err
 		}
 		md := httptest.NewServer(emu.IMDSHandler(instanceID))
@@ -243,7 +252,7 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	}
 	fmt.Printf("| Lease renewals (agent's own metric) | %.2f per minute |\n", (renew1-renew0)/minutes)
 	if imdsOn {
-		fmt.Printf("| IMDS (emulated) | %.1f metadata reads and %.2f token requests per minute |\n", float64(reads1-reads0)/minutes, float64(tokens1-tokens0)/minutes)
+		fmt.Printf("| IMDS (emulated, %s instance) | %.1f metadata reads and %.2f token requests per minute |\n", lifecycle, float64(reads1-reads0)/minutes, float64(tokens1-tokens0)/minutes)
 	} else {
 		fmt.Printf("| IMDS | default endpoint, unreachable here (watcher backing off) |\n")
 	}

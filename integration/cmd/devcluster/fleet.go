@@ -176,6 +176,14 @@ func expectation(kind string) string {
 		return "MemoryHealthy=False within ~2s; reported, not remediated (no pool lists MemoryHealthy)"
 	case "bad-taint":
 		return "KubeletConfigValid=False within ~2s, reason StartupTaintMalformed, naming the drop-in, its line and the fix"
+	case "spot-notice":
+		return fmt.Sprintf("NoSpotInterruption=False within the agent's spot polling interval; the remediator checks EC2 (a spot instance: believed), "+
+			"cordons and drains it at once (no toleration, outside maxInFlight: AWS has decided); AWS reclaims the instance %s after the notice "+
+			"and a replacement joins (kafka runs on demand: no spot notices there)", fleet.DefaultSpotNoticeWarning)
+	case "maintenance":
+		return fmt.Sprintf("a system-reboot %s out, seen within ~1m (the remediator's DescribeInstanceStatus poll; a real agent's metadata poll too); "+
+			"general: cordoned at once (scheduledReboot CordonOnly, inside its 1h lead time), one pool slot; kafka: Notify, an Event and nothing else; "+
+			"heal cancels it and general's node is uncordoned", fleet.MaintenanceLead)
 	case "zone-dark":
 		return "every node of the zone Ready=Unknown after ~20s, NodeSilent after ~25s; ~30s later each is blocked with ZonePaused (more than 50% of the zone silent): nothing terminated; heal the zone and it resumes"
 	}
@@ -193,7 +201,7 @@ func (d *devFleet) instructions(kubeconfig, plugin string) string {
 	fmt.Fprintf(&b, "  fleet          %d nodes in 3 zones, up in %s (kwok kubelets, EC2 emulator instances)\n",
 		len(d.fleet.Nodes()), d.started.Round(100*time.Millisecond))
 	b.WriteString(d.fleet.Summary())
-	fmt.Fprintf(&b, "  remediator config: %s (general: Terminate; kafka: CordonOnly, drain honours do-not-disrupt)\n\n", d.config)
+	fmt.Fprintf(&b, "  remediator config: %s (general, spot instances: Terminate, acts on AWS events; kafka, on demand: CordonOnly, drain honours do-not-disrupt, AWS events only reported)\n\n", d.config)
 	var realNode, simNode string
 	for _, n := range d.fleet.Nodes() {
 		if n.Real && realNode == "" && strings.HasPrefix(n.Pool, "general") {

@@ -186,7 +186,12 @@ func up(ctx context.Context, args []string) error {
 	if fl != nil {
 		remModeText = "acting on the EC2 emulator (config " + fl.config + ")"
 		fleetText = "\n" + fl.instructions(cp.KubeconfigPath(), filepath.Join(*binDir, "kubectl-nodevigil")) +
-			"  (docs/scenarios.md walks through each one)\n"
+			"  (docs/scenarios.md walks through each one)\n" +
+			fmt.Sprintf("  Draw one remediation, Events and the remediators' metrics on one time axis (start it before\n"+
+				"  the fault; Ctrl-C draws once the node is replaced):\n"+
+				"    go run ./integration/cmd/timeline --kubeconfig %s --node NODE \\\n"+
+				"        --metrics-url http://%s/metrics,http://%s/metrics --out timeline.svg\n",
+				cp.KubeconfigPath(), *remAddr, *remAddrB)
 	}
 	term.block(fmt.Sprintf(`
 nodevigil is running locally:

@@ -171,6 +171,8 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		KubeletLeaseNamespace:   o.kubeletLeaseNS,
 		ResyncPeriod:            o.resyncPeriod,
 		Workers:                 o.workers,
+		FirstReadyRate:          o.firstReadyRate,
+		FirstReadyBurst:         o.firstReadyBurst,
 		TerminationConfirmDelay: o.confirmDelay,
 		Registry:                reg,
 		Logger:                  log,

@@ -19,34 +19,40 @@ import (
 
 // options are the command line, validated.
 type options struct {
-	kubeconfig     string
-	namespace      string
-	configPath     string
-	dryRun         optionalBool
-	listenAddress  string
-	metricsSecure  bool
-	metricsTLSCert string
-	metricsTLSKey  string
-	leaderElect    bool
-	leaseDuration  time.Duration
-	renewDeadline  time.Duration
-	retryPeriod    time.Duration
-	ec2Endpoint    string
-	awsRegion      string
-	clusterTagKey  string
-	clusterTagVals []string
-	kubeAPIQPS     float64
-	kubeAPIBurst   int
-	resyncPeriod   time.Duration
-	workers        int
-	logLevel       string
-	logFormat      string
-	slogLevel      slog.Level
-	confirmDelay   time.Duration
-	kubeletLeaseNS string
-	pprofAddress   string
-	eventsInterval time.Duration
+	kubeconfig      string
+	namespace       string
+	configPath      string
+	dryRun          optionalBool
+	listenAddress   string
+	metricsSecure   bool
+	metricsTLSCert  string
+	metricsTLSKey   string
+	leaderElect     bool
+	leaseDuration   time.Duration
+	renewDeadline   time.Duration
+	retryPeriod     time.Duration
+	ec2Endpoint     string
+	awsRegion       string
+	clusterTagKey   string
+	clusterTagVals  []string
+	kubeAPIQPS      float64
+	kubeAPIBurst    int
+	resyncPeriod    time.Duration
+	workers         int
+	firstReadyRate  float64
+	firstReadyBurst int
+	logLevel        string
+	logFormat       string
+	slogLevel       slog.Level
+	confirmDelay    time.Duration
+	kubeletLeaseNS  string
+	pprofAddress    string
+	eventsInterval  time.Duration
 }
+
+// maxFirstReadyRate bounds --first-ready-rate: the records are bookkeeping and share the
+// client's rate limit (--kube-api-qps, default 50/s) with remediation.
+const maxFirstReadyRate = 50
 
 // parseOptions parses args. Every error names the flag and says what is wanted.
 func parseOptions(args []string, stderr io.Writer) (*options, error) {
@@ -88,6 +94,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "API server request burst: a zone failing at once needs ~3 patches per node at the same moment")
 	fs.DurationVar(&o.resyncPeriod, "resync-period", remediation.DefaultResyncPeriod, "every node is reconsidered at least this often")
 	fs.IntVar(&o.workers, "workers", remediation.DefaultWorkers, "nodes reconciled concurrently")
+	fs.Float64Var(&o.firstReadyRate, "first-ready-rate", remediation.DefaultFirstReadyRate, "first-ready annotations (nodevigil.io/first-ready-at) written per second in the background; a node that stops looking ready is recorded at once whatever the rate (remediation/README.md)")
+	fs.IntVar(&o.firstReadyBurst, "first-ready-burst", remediation.DefaultFirstReadyBurst, "first-ready annotations the background writer may send at once, for nodes joining together")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "json or text")
 	fs.DurationVar(&o.confirmDelay, "termination-confirm-delay", remediation.DefaultTerminationConfirmDelay, "how long after a termination request EC2's NotFound counts as proof the instance is gone")
@@ -152,6 +160,13 @@ func (o *options) validate() error {
 	}
 	if o.workers < 1 {
 		fail("workers", "%d must be at least 1", o.workers)
+	}
+	// NaN compares false with everything, so it is refused by the negated test.
+	if !(o.firstReadyRate > 0 && o.firstReadyRate <= maxFirstReadyRate) {
+		fail("first-ready-rate", "%v must be above 0 and at most %v per second (default %v)", o.firstReadyRate, maxFirstReadyRate, remediation.DefaultFirstReadyRate)
+	}
+	if o.firstReadyBurst < 1 {
+		fail("first-ready-burst", "%d must be at least 1 (default %d)", o.firstReadyBurst, remediation.DefaultFirstReadyBurst)
 	}
 	if o.confirmDelay <= 0 {
 		fail("termination-confirm-delay", "%s must be above 0", o.confirmDelay)

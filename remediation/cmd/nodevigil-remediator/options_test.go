@@ -17,7 +17,8 @@ func TestParseOptionsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.namespace != "ops" || o.listenAddress != ":9737" || !o.leaderElect || o.leaseDuration != 15*time.Second ||
-		o.renewDeadline != 10*time.Second || o.retryPeriod != 2*time.Second || o.kubeAPIQPS != 50 || o.kubeAPIBurst != 200 || o.dryRun.set {
+		o.renewDeadline != 10*time.Second || o.retryPeriod != 2*time.Second || o.kubeAPIQPS != 50 || o.kubeAPIBurst != 200 || o.dryRun.set ||
+		o.firstReadyRate != 2 || o.firstReadyBurst != 10 {
 		t.Errorf("defaults = %+v", o)
 	}
 }
@@ -49,6 +50,11 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--kube-api-qps=0"}, "--kube-api-qps: 0 must be above 0"},
 		{[]string{"--kube-api-burst=0"}, "--kube-api-burst"},
 		{[]string{"--workers=0"}, "--workers: 0 must be at least 1"},
+		{[]string{"--first-ready-rate=0"}, "--first-ready-rate: 0 must be above 0 and at most 50 per second"},
+		{[]string{"--first-ready-rate=-1"}, "--first-ready-rate: -1 must be above 0"},
+		{[]string{"--first-ready-rate=NaN"}, "--first-ready-rate: NaN must be above 0"},
+		{[]string{"--first-ready-rate=51"}, "--first-ready-rate: 51 must be above 0 and at most 50"},
+		{[]string{"--first-ready-burst=0"}, "--first-ready-burst: 0 must be at least 1"},
 		{[]string{"--resync-period=1s"}, "--resync-period"},
 		{[]string{"--log-level=loud"}, `--log-level: "loud" is not a level`},
 		{[]string{"--log-format=xml"}, `--log-format: "xml" is not a format`},

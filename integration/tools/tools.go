@@ -1,17 +1,17 @@
-// Package tools finds the third-party programs the integration tests and the manifest checks
-// run (helm, kustomize, promtool), and fetches a missing one once into the project's cache.
+// Package tools finds the third-party programs the integration tests, the manifest checks and
+// the linter run (helm, kustomize, promtool, staticcheck), and fetches a missing one once into the project's cache.
 //
 // One finder, not one per test file, because every tool follows the same rule and CI wants
 // to fetch them all early, in the background, while it lints (`go run ./integration/cmd/tools`):
 //
-//  1. the environment variable (HELM, KUSTOMIZE, PROMTOOL) names a binary: use it;
+//  1. the environment variable (HELM, KUSTOMIZE, PROMTOOL, STATICCHECK) names a binary: use it;
 //  2. for tools whose version does not matter (promtool), one on PATH is used;
 //  3. the cache (<cache>/<name>-<version>/<name>, cache = $NODEVIGIL_CACHE_DIR or
 //     <user cache dir>/nodevigil) holds one: use it;
 //  4. else fetch it under a file lock (so parallel test binaries fetch it once), to a
 //     temporary name renamed into place (so an interrupted fetch leaves nothing behind).
 //
-// helm and kustomize are `go install`ed at a pinned version from the Go module proxy (the
+// helm, kustomize and staticcheck are `go install`ed at a pinned version from the Go module proxy (the
 // only network this project assumes); promtool comes from Debian's prometheus package
 // (`apt-get download`, no install), because building it from Go compiles a large part of
 // Prometheus (docs/install.md#alerts-and-dashboard); only where apt is missing or fails is it
@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,6 +56,8 @@ type Tool struct {
 const (
 	HelmVersion      = "v3.19.0"
 	KustomizeVersion = "v5.7.1" // kubectl 1.31+ embeds v5.4 or later; sortOptions needs v5.0
+	// StaticcheckVersion is the linter `make lint` runs.
+	StaticcheckVersion = "v0.8.2"
 	// PromtoolSourceVersion is the Prometheus module promtool is built from when Debian's
 	// package cannot be had (module v0.316.0 is Prometheus 3.16).
 	PromtoolSourceVersion = "v0.316.0"
@@ -78,8 +81,19 @@ var (
 		)}
 )
 
+// Staticcheck is `make lint`'s linter. Installed rather than `go run`: `go run` compiled it
+// (and the standard library under it) in a flavour nothing else used, cgo on and no -trimpath;
+// installed static with -trimpath, it shares the standard library the project's binaries
+// compiled. The cache directory names the Go version too, because staticcheck must be built
+// by the toolchain whose export data it reads.
+var Staticcheck = Tool{Name: "staticcheck", Version: StaticcheckVersion + "-" + runtime.Version(), Env: "STATICCHECK",
+	Fetch: GoInstall("honnef.co/go/tools/cmd/staticcheck", StaticcheckVersion)}
+
 // All are the tools `go run ./integration/cmd/tools` fetches by default.
 var All = []Tool{Helm, Kustomize, Promtool}
+
+// Known are the tools `go run ./integration/cmd/tools NAME` can find: All and staticcheck.
+var Known = append(append([]Tool(nil), All...), Staticcheck)
 
 // entry remembers, per cache directory and process, the path found; its lock keeps two
 // goroutines from fetching the same tool while others fetch other tools.

@@ -63,10 +63,10 @@ func (c *Controller) drainForInterruption(ctx context.Context, node *corev1.Node
 	keep := p.Interruptions.DoNotDisruptPods == config.DoNotDisruptKeep
 	deadline := gov.FinishBy
 	var (
-		plain, dnd, kept, waiting []string
-		plainPods, dndPods        []*corev1.Pod
-		terminatingUntil          time.Time
-		plainTerminating          bool
+		dnd, kept, waiting []string
+		plainPods, dndPods []*corev1.Pod
+		terminatingUntil   time.Time
+		plainTerminating   bool
 	)
 	for i := range pods.Items {
 		pod := &pods.Items[i]
@@ -89,7 +89,7 @@ func (c *Controller) drainForInterruption(ctx context.Context, node *corev1.Node
 		case isDND:
 			dnd, dndPods = append(dnd, ref), append(dndPods, pod)
 		default:
-			plain, plainPods = append(plain, ref), append(plainPods, pod)
+			plainPods = append(plainPods, pod)
 		}
 	}
 	requeue := c.cfg.DrainRetryInterval

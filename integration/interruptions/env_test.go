@@ -15,10 +15,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -107,65 +105,7 @@ func newEnv(t *testing.T) *env {
 // pool, with the given interruptions block, and runs the remediator.
 func (e *env) start(poolYAML string, extra ...string) {
 	e.t.Helper()
-	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
-kind: RemediatorConfig
-dryRun: false
-agentNamespace: %s
-agentLeaseDuration: %ds
-zonePauseThreshold: 100%%
-clusterPauseThreshold: 100%%
-policies:
-- name: pool
-  nodeSelector: %s=%s
-  action: None
-  drain: {timeout: 20s, honorDoNotDisrupt: true}
-%s
-- name: others
-  nodeSelector: ""
-  action: None
-  interruptions: {spotInterruption: Ignore, rebalanceRecommendation: Ignore, scheduledReboot: Ignore, scheduledRetirement: Ignore, asgTermination: Ignore}
-`, e.ns, leaseSeconds, poolLabel, e.pool, indent(poolYAML, "  "))
-	path := filepath.Join(e.t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.addr = l.Addr().String()
-	l.Close()
-	p, err := testbin.Start("remediator-"+e.ns, remediatorBin, append([]string{
-		"--kubeconfig", cp.KubeconfigPath(),
-		"--namespace", e.ns,
-		"--config", path,
-		"--listen-address", e.addr,
-		"--metrics-secure=false",
-		"--ec2-endpoint", e.emu.URL(),
-		"--aws-region", "us-east-1",
-		"--cluster-tag-key", clusterTag,
-		"--leader-elect=false",
-		"--resync-period", "10s",
-		"--scheduled-events-interval", "10s",
-		"--log-format", "text",
-		"--log-level", "debug",
-	}, extra...), "POD_NAME=remediator-"+e.ns, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.proc = p
-	e.t.Cleanup(func() {
-		_ = p.Stop(10 * time.Second)
-		if e.t.Failed() {
-			e.t.Logf("remediator log:\n%s", p.LogTail(80))
-		}
-	})
-	e.eventually("remediator ready", 60*time.Second, func(ctx context.Context) (bool, error) {
-		if exited, err := p.Exited(); exited {
-			return false, fmt.Errorf("remediator exited: %v\n%s", err, p.LogTail(30))
-		}
-		return httpOK(ctx, "http://"+e.addr+"/readyz"), nil
-	})
+	e.startPolicyMode(false, "action: None\ndrain: {timeout: 20s, honorDoNotDisrupt: true}\n"+poolYAML, extra...)
 }
 
 func indent(s, prefix string) string {

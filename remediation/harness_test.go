@@ -300,7 +300,9 @@ func (h *harness) synced(name string) {
 		}
 		return obj.(metav1.Object).GetResourceVersion()
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	// A deadline, not a wait: it returns as soon as the caches agree. Generous, because under
+	// -race on a loaded 2-core CI machine the informers have taken more than 5 s.
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		tr := h.client.Tracker()
 		want := []string{

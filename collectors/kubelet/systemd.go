@@ -378,10 +378,34 @@ func (s *systemdUnit) follow(conn *sddbus.Conn) {
 			st, err := s.readWith(ctx, conn)
 			cancel()
 			if err == nil {
+				// The signal carries Result as it was at the change; the read comes later and
+				// may find the unit already restarted, its Result reset to success by the start
+				// (RestartSec can be well under the read's latency on a loaded node).
+				if r := changedResult(sig); r != "" && r != "success" {
+					st.Result = r
+				}
 				s.onChange(st)
 			}
 		}
 	}
+}
+
+// changedResult returns the Result a PropertiesChanged signal carries, or "" when it carries
+// none.
+func changedResult(sig *godbus.Signal) string {
+	if sig.Name != "org.freedesktop.DBus.Properties.PropertiesChanged" || len(sig.Body) < 2 {
+		return ""
+	}
+	changed, ok := sig.Body[1].(map[string]godbus.Variant)
+	if !ok {
+		return ""
+	}
+	v, ok := changed["Result"]
+	if !ok {
+		return ""
+	}
+	r, _ := v.Value().(string)
+	return r
 }
 
 // systemd's manager object, which emits the job signals.

@@ -100,8 +100,10 @@ func TestDryRunRecordsWouldBeBlocked(t *testing.T) {
 		}
 		return obj.Annotations["nodevigil.io/dry-run-decision"]
 	}
-	e.eventually("the dry-run records", 60*time.Second, func(context.Context) (bool, error) {
-		return strings.HasPrefix(record(foreign), "Blocked InstanceNotOwned ") && strings.HasPrefix(record(dead), "Terminate NodeSilent "), nil
+	// The Events follow the annotations through the recorder's queue: wait for both.
+	e.eventually("the dry-run records and their Events", 60*time.Second, func(context.Context) (bool, error) {
+		return strings.HasPrefix(record(foreign), "Blocked InstanceNotOwned ") && strings.HasPrefix(record(dead), "Terminate NodeSilent ") &&
+			e.hasEvent(foreign.name, "InstanceNotOwned") && e.hasEvent(dead.name, "WouldTerminate"), nil
 	})
 	if !e.hasEvent(foreign.name, "InstanceNotOwned") || e.hasEvent(foreign.name, "WouldTerminate") {
 		t.Errorf("foreign node: want an InstanceNotOwned event and no WouldTerminate; events %v", e.eventReasons(foreign.name))

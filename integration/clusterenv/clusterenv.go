@@ -16,6 +16,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -454,4 +456,68 @@ func StartControlPlane(t testing.TB, bins controlplane.Binaries) *controlplane.C
 		}
 	})
 	return cp
+}
+
+// Never fails the test if cond holds at any poll (every 250 ms) during d.
+func (j Judge) Never(what string, d time.Duration, cond func(ctx context.Context) bool) {
+	j.T.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond(j.T.Context()) {
+			j.T.Fatalf("%s happened", what)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// StartEmulator starts an EC2 emulator of the test's own (instances shut down in a second),
+// closed when the test ends.
+func StartEmulator(t testing.TB) *ec2emu.Server {
+	t.Helper()
+	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
+	if err := emu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
+	return emu
+}
+
+// Config is a test's RemediatorConfig: the storm valves opened (zonePauseThreshold and
+// clusterPauseThreshold 100%, each on a line of its own so a test can remove them) unless
+// the test says otherwise, then its policies.
+type Config struct {
+	DryRun            bool
+	AgentNamespace    string
+	AgentLeaseSeconds int
+	// Extra is more top-level YAML, before the policies.
+	Extra string
+	// Policies is the policies list (PoolPolicy and others).
+	Policies string
+}
+
+// WriteConfig writes c into the test's temporary folder and returns its path.
+func WriteConfig(t testing.TB, c Config) string {
+	t.Helper()
+	cfg := fmt.Sprintf("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\ndryRun: %t\nagentNamespace: %s\nagentLeaseDuration: %ds\n%s"+
+		"zonePauseThreshold: 100%%\nclusterPauseThreshold: 100%%\npolicies:\n%s", c.DryRun, c.AgentNamespace, c.AgentLeaseSeconds, c.Extra, c.Policies)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// PoolPolicy is a policy list item named "pool" selecting label=value, with body (more policy
+// fields, YAML at the left margin).
+func PoolPolicy(label, value, body string) string {
+	return fmt.Sprintf("- name: pool\n  nodeSelector: %s=%s\n%s\n", label, value, Indent(body, "  "))
+}
+
+// Indent prefixes every line of s (trimmed) with prefix.
+func Indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
 }

@@ -17,14 +17,12 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodevigil/nodevigil/integration/clusterenv"
@@ -91,11 +89,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
-	if err := emu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
+	emu := clusterenv.StartEmulator(t)
 	return &env{t: t, client: c, ns: ns, pool: ns, emu: emu}
 }
 
@@ -104,14 +98,6 @@ func newEnv(t *testing.T) *env {
 func (e *env) start(poolYAML string, extra ...string) {
 	e.t.Helper()
 	e.startPolicyMode(false, "action: None\ndrain: {timeout: 20s, honorDoNotDisrupt: true}\n"+poolYAML, extra...)
-}
-
-func indent(s, prefix string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	for i, l := range lines {
-		lines[i] = prefix + l
-	}
-	return strings.Join(lines, "\n")
 }
 
 // simNode is a Node whose kubelet and agent Leases the test renews.
@@ -191,21 +177,13 @@ func (e *env) cordoned(nodes ...*simNode) []*simNode {
 // eventually polls cond until it holds or timeout passes.
 func (e *env) eventually(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
 	e.t.Helper()
-	if err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, cond); err != nil {
-		e.t.Fatalf("waiting for %s: %v", what, err)
-	}
+	clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}.Eventually(what, timeout, cond)
 }
 
 // never asserts that cond stays false for the whole of d.
 func (e *env) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond(e.t.Context()) {
-			e.t.Fatalf("%s happened", what)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}.Never(what, d, cond)
 }
 
 func (e *env) hasEvent(node, reason string) bool {

@@ -3,8 +3,6 @@ package interruptions_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,26 +21,14 @@ func (e *env) startPolicy(policy string, extra ...string) {
 // startPolicyMode is startPolicy in dry-run or live mode.
 func (e *env) startPolicyMode(dryRun bool, policy string, extra ...string) {
 	e.t.Helper()
-	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
-kind: RemediatorConfig
-dryRun: %t
-agentNamespace: %s
-agentLeaseDuration: %ds
-zonePauseThreshold: 100%%
-clusterPauseThreshold: 100%%
-policies:
-- name: pool
-  nodeSelector: %s=%s
-%s
-- name: others
+	path := clusterenv.WriteConfig(e.t, clusterenv.Config{
+		DryRun: dryRun, AgentNamespace: e.ns, AgentLeaseSeconds: leaseSeconds,
+		Policies: clusterenv.PoolPolicy(poolLabel, e.pool, policy) + `- name: others
   nodeSelector: ""
   action: None
   interruptions: {spotInterruption: Ignore, rebalanceRecommendation: Ignore, scheduledReboot: Ignore, scheduledRetirement: Ignore, asgTermination: Ignore}
-`, dryRun, e.ns, leaseSeconds, poolLabel, e.pool, indent(policy, "  "))
-	path := filepath.Join(e.t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
+`,
+	})
 	p, addr, err := clusterenv.StartRemediator(clusterenv.Remediator{
 		Name: "remediator-" + e.ns, Bin: remediatorBin, Kubeconfig: cp.KubeconfigPath(), Namespace: e.ns, Config: path,
 		EC2URL: e.emu.URL(), ClusterTag: clusterTag,

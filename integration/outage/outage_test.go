@@ -12,7 +12,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -46,13 +45,11 @@ const (
 // policy judges quickly and lets judgement alone decide: no drain, and caps that never bind,
 // so a wrong verdict shows as a termination instead of being hidden by a rail.
 const policy = `action: Terminate
-  startupGrace: 1s
-  tolerations:
-    silentNode: 3s
-  drain:
-    enabled: false
-  maxUnhealthy: 100%
-  maxInFlight: 10`
+startupGrace: 1s
+tolerations: {silentNode: 3s}
+drain: {enabled: false}
+maxUnhealthy: 100%
+maxInFlight: 10`
 
 func TestMain(m *testing.M) {
 	ctx := context.Background()
@@ -150,11 +147,7 @@ func runOutage(t *testing.T, outage time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
-	if err := emu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
+	emu := clusterenv.StartEmulator(t)
 	j := clusterenv.Judge{T: t, Client: c, EC2: emu}
 
 	var healthy []clusterenv.NodeRef
@@ -163,22 +156,7 @@ func runOutage(t *testing.T, outage time.Duration) {
 	}
 	dies := addNode(t, c, emu, ns)
 
-	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
-kind: RemediatorConfig
-dryRun: false
-agentNamespace: %s
-agentLeaseDuration: %ds
-zonePauseThreshold: 100%%
-clusterPauseThreshold: 100%%
-policies:
-- name: pool
-  nodeSelector: %s=%s
-  %s
-`, ns, leaseSeconds, poolLabel, ns, policy)
-	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfgPath := clusterenv.WriteConfig(t, clusterenv.Config{AgentNamespace: ns, AgentLeaseSeconds: leaseSeconds, Policies: clusterenv.PoolPolicy(poolLabel, ns, policy)})
 	proxy := clusterenv.NewAPIProxy(t, cp.Config())
 	r, addr, err := clusterenv.StartRemediator(clusterenv.Remediator{
 		Name: "remediator", Bin: remediatorBin, Kubeconfig: proxy.Kubeconfig(), Namespace: ns, Config: cfgPath,

@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -111,11 +110,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
-	if err := emu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
+	emu := clusterenv.StartEmulator(t)
 	return &env{t: t, cp: cp, client: c, ns: ns, pool: ns, emu: emu, nodes: map[string]*simNode{}}
 }
 
@@ -123,37 +118,11 @@ func newEnv(t *testing.T) *env {
 // node in the cluster falls to a final policy that does nothing.
 func (e *env) config(dryRun bool, policyYAML string) string {
 	e.t.Helper()
-	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
-kind: RemediatorConfig
-dryRun: %t
-agentNamespace: %s
-agentLeaseDuration: %ds
-terminationRateLimit:
-  perMinute: 600
-  burst: 20
-zonePauseThreshold: 100%%
-clusterPauseThreshold: 100%%
-policies:
-- name: pool
-  nodeSelector: %s=%s
-%s
-- name: others
-  nodeSelector: ""
-  action: None
-`, dryRun, e.ns, leaseSeconds, poolLabel, e.pool, indent(policyYAML, "  "))
-	p := filepath.Join(e.t.TempDir(), "config.yaml")
-	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
-}
-
-func indent(s, prefix string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	for i, l := range lines {
-		lines[i] = prefix + l
-	}
-	return strings.Join(lines, "\n")
+	return clusterenv.WriteConfig(e.t, clusterenv.Config{
+		DryRun: dryRun, AgentNamespace: e.ns, AgentLeaseSeconds: leaseSeconds,
+		Extra:    "terminationRateLimit:\n  perMinute: 600\n  burst: 20\n",
+		Policies: clusterenv.PoolPolicy(poolLabel, e.pool, policyYAML) + "- name: others\n  nodeSelector: \"\"\n  action: None\n",
+	})
 }
 
 // startReplica runs one remediator process; extra flags follow the defaults (a repeated flag
@@ -256,21 +225,15 @@ func (e *env) eventually(what string, timeout time.Duration, cond func(ctx conte
 	e.judge().Eventually(what, timeout, cond)
 }
 
-// judge is the shared checks of clusterenv on this test's cluster.
-func (e *env) judge() clusterenv.Judge {
-	return clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}
-}
-
 // never asserts that cond stays false for the whole of d.
 func (e *env) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond(e.t.Context()) {
-			e.t.Fatalf("%s happened", what)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	e.judge().Never(what, d, cond)
+}
+
+// judge is the shared checks of clusterenv on this test's cluster.
+func (e *env) judge() clusterenv.Judge {
+	return clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}
 }
 
 func (e *env) terminations(id string) int { return e.emu.Terminations(id) }

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,16 +195,8 @@ func (e *env) hasEvent(node, reason string) bool {
 // eventMessageHas reports whether an Event with reason about node has a message containing
 // text.
 func (e *env) eventMessageHas(node, reason, text string) bool {
-	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-	if err != nil {
-		return false
-	}
-	for _, ev := range evs.Items {
-		if ev.Reason == reason && strings.Contains(ev.Message, text) {
-			return true
-		}
-	}
-	return false
+	evs, err := clusterenv.Events(e.t.Context(), e.client, node)
+	return err == nil && slices.ContainsFunc(evs, func(ev corev1.Event) bool { return ev.Reason == reason && strings.Contains(ev.Message, text) })
 }
 
 // podOn creates a pod bound to the node, optionally annotated do-not-disrupt.

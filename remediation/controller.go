@@ -62,6 +62,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -231,6 +232,9 @@ type Controller struct {
 
 	mu     sync.Mutex
 	memory map[string]*nodeMemory
+	// deleted remembers the UIDs of the Nodes this replica deleted, until deletedTTL has
+	// passed (terminate.go, deleteNode). c.mu guards it.
+	deleted map[types.UID]time.Time
 
 	// readyMem, firstReadyQueue and firstReadyLimiter keep the first-ready record
 	// (firstready.go).
@@ -323,6 +327,7 @@ func New(cfg Config) (*Controller, error) {
 		observe:      cfg.ObservePeriod,
 		limiter:      rate.NewLimiter(rate.Limit(cfg.Remediator.TerminationRateLimit.PerMinute/60), cfg.Remediator.TerminationRateLimit.Burst),
 		memory:       map[string]*nodeMemory{},
+		deleted:      map[types.UID]time.Time{},
 		reservations: map[string]reservation{},
 		leHealth:     leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
 		kubeletObs:   newLeaseObserver(decide.DefaultKubeletLeaseDuration),

@@ -152,7 +152,11 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		if err != nil {
 			return fmt.Errorf("build EC2 batcher: %w", err)
 		}
-		cloud = ec2Cloud{client: c, batcher: b}
+		db, err := ec2.NewDescribeBatcher(c)
+		if err != nil {
+			return fmt.Errorf("build EC2 describe batcher: %w", err)
+		}
+		cloud = ec2Cloud{describer: db, batcher: b}
 		if o.eventsInterval > 0 && !rc.DryRun {
 			events = ec2Events{client: c, limiter: rate.NewLimiter(scheduledEventsQPS, scheduledEventsBurst)}
 		}
@@ -275,11 +279,12 @@ func restConfig(o *options) (*rest.Config, error) {
 	return rc, nil
 }
 
-// ec2Cloud adapts the ec2 package to remediation.Cloud. Terminations go through a Batcher, so
-// the decisions of many workers at once (a dead zone) share TerminateInstances calls.
+// ec2Cloud adapts the ec2 package to remediation.Cloud. Terminations go through a Batcher and
+// describes through a DescribeBatcher, so the steps of many workers at once (a dead zone) share
+// TerminateInstances and DescribeInstances calls.
 type ec2Cloud struct {
-	client  *ec2.Client
-	batcher *ec2.Batcher
+	describer *ec2.DescribeBatcher
+	batcher   *ec2.Batcher
 }
 
 func (e ec2Cloud) Terminate(ctx context.Context, id string) (remediation.TerminateOutcome, error) {
@@ -301,11 +306,10 @@ func (e ec2Cloud) Terminate(ctx context.Context, id string) (remediation.Termina
 }
 
 func (e ec2Cloud) Describe(ctx context.Context, id string) (remediation.Instance, bool, error) {
-	m, err := e.client.Describe(ctx, []string{id})
+	inst, ok, err := e.describer.Describe(ctx, id)
 	if err != nil {
 		return remediation.Instance{}, false, classify(err)
 	}
-	inst, ok := m[id]
 	if !ok {
 		return remediation.Instance{}, false, nil
 	}

@@ -372,6 +372,25 @@ func (e *env) hasEvent(node, reason string) bool {
 	return false
 }
 
+// expectEvent waits for Events with every one of reasons about node. The recorder writes
+// Events through a queue after the state they report, so checking once, right after that
+// state was seen, races with it (session 6 CI failed on exactly that).
+func (e *env) expectEvent(node string, reasons ...string) {
+	e.t.Helper()
+	const timeout = 30 * time.Second
+	err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		for _, r := range reasons {
+			if !e.hasEvent(node, r) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		e.t.Errorf("no %v Event about %s within %v; events %v", reasons, node, timeout, e.eventReasons(node))
+	}
+}
+
 func (e *env) eventReasons(node string) []string {
 	evs, err := e.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
 	if err != nil {
@@ -564,9 +583,7 @@ func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
 	e.never("termination while a do-not-disrupt pod runs", 25*time.Second, func(context.Context) bool {
 		return e.terminations(a.instanceID) > 0
 	})
-	if !e.hasEvent(a.name, "DoNotDisrupt") {
-		t.Errorf("no DoNotDisrupt event; events: %v", e.eventReasons(a.name))
-	}
+	e.expectEvent(a.name, "DoNotDisrupt")
 	if _, err := e.client.CoreV1().Pods(e.ns).Get(t.Context(), pod.Name, metav1.GetOptions{}); err != nil {
 		t.Errorf("do-not-disrupt pod was evicted: %v", err)
 	}
@@ -675,9 +692,7 @@ func TestRecoveringNodeIsReleased(t *testing.T) {
 		tainted := slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool { return t.Key == remediateTaint })
 		return !obj.Spec.Unschedulable && !tainted && obj.Annotations[stateKey] == "", nil
 	})
-	if !e.hasEvent(a.name, "Released") {
-		t.Errorf("no Released event; events: %v", e.eventReasons(a.name))
-	}
+	e.expectEvent(a.name, "Released")
 	if got := e.terminations(a.instanceID); got != 0 {
 		t.Errorf("recovered node's instance terminated %d times", got)
 	}

@@ -146,7 +146,8 @@ func (w *World) Close() {
 
 // AgentOptions shape one node's agent.
 type AgentOptions struct {
-	// SpotInterval is the agent's imds.spotInterval; zero leaves the agent's default.
+	// SpotInterval is the agent's imds.spotInterval, and its imds.rebalanceInterval too (at
+	// least 1s) so the scenarios wait on neither; zero leaves the agent's defaults.
 	SpotInterval time.Duration
 	// Unreachable points the agent at a loopback port nobody listens on instead of its
 	// instance's metadata service, as a pod cut off from 169.254.169.254 sees it.
@@ -321,6 +322,7 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 	cfg := "apiVersion: nodevigil.io/v1alpha1\nkind: AgentConfig\nimds:\n  eventInterval: 10s\n  timeout: 1s\n"
 	if opts.SpotInterval > 0 {
 		cfg += "  spotInterval: " + opts.SpotInterval.String() + "\n"
+		cfg += "  rebalanceInterval: " + max(opts.SpotInterval, time.Second).String() + "\n"
 	}
 	cfgPath := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {

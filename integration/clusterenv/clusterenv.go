@@ -14,7 +14,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -188,12 +187,10 @@ type Remediator struct {
 }
 
 // StartRemediator starts the remediator process with the flags every test uses (plain-HTTP
-// metrics, the emulator as EC2 in us-east-1, text logs) and returns it with its listen address.
-func StartRemediator(r Remediator) (*testbin.Process, string, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, "", err
-	}
+// metrics, the emulator as EC2 in us-east-1, text logs) and returns it with its listen address:
+// it binds 127.0.0.1:0 and the port it bound is read back (testbin.Process.ListenAddr, within
+// ctx), so no other process can take the port first.
+func StartRemediator(ctx context.Context, r Remediator) (*testbin.Process, string, error) {
 	level := r.LogLevel
 	if level == "" {
 		level = "debug"
@@ -202,7 +199,7 @@ func StartRemediator(r Remediator) (*testbin.Process, string, error) {
 		"--kubeconfig", r.Kubeconfig,
 		"--namespace", r.Namespace,
 		"--config", r.Config,
-		"--listen-address", addr,
+		"--listen-address", "127.0.0.1:0",
 		"--metrics-secure=false", // these tests scrape plain HTTP; integration/install tests the secure server
 		"--ec2-endpoint", r.EC2URL,
 		"--aws-region", "us-east-1",
@@ -211,6 +208,11 @@ func StartRemediator(r Remediator) (*testbin.Process, string, error) {
 		"--log-level", level,
 	}, r.Flags...), "POD_NAME="+r.Name, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
 	if err != nil {
+		return nil, "", err
+	}
+	addr, err := p.ListenAddr(ctx)
+	if err != nil {
+		_ = p.Stop(10 * time.Second)
 		return nil, "", err
 	}
 	return p, addr, nil
@@ -234,16 +236,6 @@ func WaitReady(ctx context.Context, name string, p *testbin.Process, addr string
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-// freeAddr picks a free loopback port by listening and closing.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 // Events returns the Events naming node (in the default namespace, where the remediator's

@@ -158,7 +158,7 @@ func runOutage(t *testing.T, outage time.Duration) {
 
 	cfgPath := clusterenv.WriteConfig(t, clusterenv.Config{AgentNamespace: ns, AgentLeaseSeconds: leaseSeconds, Policies: clusterenv.PoolPolicy(poolLabel, ns, policy)})
 	proxy := clusterenv.NewAPIProxy(t, cp.Config())
-	r, addr, err := clusterenv.StartRemediator(clusterenv.Remediator{
+	r, addr, err := clusterenv.StartRemediator(t.Context(), clusterenv.Remediator{
 		Name: "remediator", Bin: remediatorBin, Kubeconfig: proxy.Kubeconfig(), Namespace: ns, Config: cfgPath,
 		EC2URL: emu.URL(), ClusterTag: clusterTag, Flags: []string{"--leader-elect=false", "--resync-period", "10s", "--termination-confirm-delay", "2s"},
 	})

@@ -129,7 +129,9 @@ func (e *env) config(dryRun bool, policyYAML string) string {
 // takes the last value).
 func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	e.t.Helper()
-	p, addr, err := clusterenv.StartRemediator(clusterenv.Remediator{
+	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
+	defer cancel()
+	p, addr, err := clusterenv.StartRemediator(ctx, clusterenv.Remediator{
 		Name: name, Bin: remediatorBin, Kubeconfig: e.cp.KubeconfigPath(), Namespace: e.ns, Config: configPath,
 		EC2URL: e.emu.URL(), ClusterTag: clusterTag,
 		Flags: append([]string{

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
@@ -297,4 +299,83 @@ func TestHandler(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestRunListsOneInformerAfterTheOther: Run lists Nodes first and each Lease informer only once
+// the previous informer has synced, so the garbage of the initial lists never coincides, and it
+// collects with Config.StartupGCPercent until then, restoring the previous setting after.
+func TestRunListsOneInformerAfterTheOther(t *testing.T) {
+	client := fake.NewClientset()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 3 {
+		name := "n-" + strconv.Itoa(i)
+		if _, err := client.CoreV1().Nodes().Create(ctx, newNode(name), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.CoordinationV1().Leases(DefaultKubeletLeaseNamespace).Create(ctx, newLease(DefaultKubeletLeaseNamespace, name, t0), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readGC := func() int {
+		p := debug.SetGCPercent(-1)
+		debug.SetGCPercent(p)
+		return p
+	}
+	before := readGC()
+	var c *Controller
+	type listed struct {
+		resource    string
+		nodesCached int
+		gcPercent   int
+	}
+	lists := make(chan listed, 10)
+	client.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		n := 0
+		if c != nil {
+			nodes, _ := c.nodes.List(labels.Everything())
+			n = len(nodes)
+		}
+		lists <- listed{a.GetResource().Resource, n, readGC()}
+		return false, nil, nil
+	})
+	var err error
+	c, err = New(Config{Client: client, Clock: testingclock.NewFakeClock(t0), Recorder: record.NewFakeRecorder(100), Logger: discardLogger(), StartupGCPercent: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(60 * time.Second)
+	for !c.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("controller never started acting")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	close(lists)
+	var got []listed
+	for l := range lists {
+		got = append(got, l)
+	}
+	if len(got) != 3 || got[0].resource != "nodes" || got[1].resource != "leases" || got[2].resource != "leases" {
+		t.Fatalf("lists %+v, want nodes then the two Lease informers", got)
+	}
+	for _, l := range got[1:] {
+		if l.nodesCached != 3 {
+			t.Errorf("a Lease informer listed with %d of 3 Nodes cached: not after the Node informer synced", l.nodesCached)
+		}
+	}
+	for _, l := range got {
+		if l.gcPercent != 7 {
+			t.Errorf("GOGC %d while listing %s, want StartupGCPercent 7", l.gcPercent, l.resource)
+		}
+	}
+	if after := readGC(); after != before {
+		t.Errorf("GOGC %d after the sync, want %d restored", after, before)
+	}
 }

@@ -60,7 +60,7 @@ type harness struct {
 	rv     atomic.Int64
 
 	mu       sync.Mutex
-	steps    []string             // node steps in order: "patch <node> <state>", "evict <pod>", "delete <node>"
+	steps    []string             // node steps in order: "patch <node> [mark+]<state>", "evict <pod>", "delete <node>"
 	pdb      map[string]bool      // pod refs whose eviction is refused with 429
 	grace    map[string]bool      // pod refs that terminate slowly (deletionTimestamp set, not deleted)
 	onEvict  func(ns, pod string) // called before an eviction is carried out
@@ -206,7 +206,12 @@ func (h *harness) react(action k8stesting.Action) (bool, runtime.Object, error) 
 		if b, ok := body.Metadata.Annotations[decide.AnnotationBlocked]; ok && b != nil {
 			h.step("patch " + a.Name + " Blocked:" + *b)
 		} else if s, ok := body.Metadata.Annotations[decide.AnnotationState]; ok {
-			h.step("patch " + a.Name + " " + ptr.Deref(s, "<removed>"))
+			if r := body.Metadata.Annotations[decide.AnnotationReason]; r != nil {
+				// The mark: the decision recorded, with the phase it starts in.
+				h.step("patch " + a.Name + " mark+" + ptr.Deref(s, "<removed>"))
+			} else {
+				h.step("patch " + a.Name + " " + ptr.Deref(s, "<removed>"))
+			}
 		} else if r, ok := body.Metadata.Annotations[decide.AnnotationTerminationRequestedAt]; ok && r != nil {
 			h.step("patch " + a.Name + " intent")
 		} else if _, ok := body.Metadata.Annotations[decide.AnnotationDryRunDecision]; ok {

@@ -95,7 +95,10 @@ func (c *Controller) setPhase(ctx context.Context, node *corev1.Node, phase deci
 }
 
 // remediate runs the pipeline from the phase recorded on the node as far as it can go now:
-// verify → mark → cordon → drain → request termination → confirm → delete the Node.
+// verify → mark → cordon → drain → request termination → confirm → delete the Node. A node
+// marked by this version is cordoned (and its drain started) in the marking patch itself
+// (mark); the Marked and Cordoned cases below resume what an earlier version or a CordonOnly
+// policy turned Terminate left behind.
 //
 // Before the point of no return (EC2 accepting the termination) every step is taken only
 // after the decision was recomputed from the freshest node object and the caches, and the
@@ -172,8 +175,7 @@ func (c *Controller) remediate(ctx context.Context, node *corev1.Node, p *config
 					if err != nil {
 						return 0, err
 					}
-					c.recorder.Eventf(n, corev1.EventTypeNormal, EventDrainStarted, "draining through the Eviction API (timeout %s, on timeout %s, honour %s: %v); the node counts against maxInFlight until it is terminated or released",
-						p.Drain.Timeout, p.Drain.OnTimeout, decide.AnnotationDoNotDisrupt, p.Drain.HonorDoNotDisrupt)
+					c.drainStarted(n, p)
 					node = n
 				}
 				if decide.PhaseOf(node) == decide.PhaseDraining && p.Drain.Enabled {

@@ -80,7 +80,7 @@ func TestTerminalOutcomesBlockAndFreeThePool(t *testing.T) {
 					got.Annotations[decide.AnnotationBlocked], decide.PhaseOf(got), got.Spec.Unschedulable, tt.reason)
 			}
 			for _, s := range h.Steps() {
-				if strings.Contains(s, "Marked") || strings.Contains(s, "Cordoned") {
+				if strings.Contains(s, "mark+") || strings.Contains(s, "Marked") || strings.Contains(s, "Cordoned") || strings.Contains(s, "Draining") {
 					t.Errorf("a foreign node went into the pipeline: %q", h.Steps())
 				}
 			}
@@ -372,6 +372,41 @@ func TestPauseStopsEveryStep(t *testing.T) {
 				t.Errorf("requeue %s; want the blocked requeue and a ZonePaused event", requeue)
 			}
 		})
+	}
+}
+
+// TestStormDuringVerifyStopsTheCordon: the marking patch cordons, so the rails of the cordon are
+// applied after the ownership Describe, immediately before it: a zone storm that begins while
+// EC2 is asked leaves the node untouched.
+func TestStormDuringVerifyStopsTheCordon(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "zonePauseThreshold: 1\nclusterPauseThreshold: 100%\npolicies:\n- name: p\n  nodeSelector: \"\"\n  maxUnhealthy: 100%\n  maxInFlight: 10\n"))
+	h.silent(newNode("n"))
+	h.healthy(newNode("ok-1"))
+	h.healthy(newNode("ok-2"))
+	h.settle("n")
+	storm := false
+	h.cloud.onDescribe = func(string) {
+		if !storm {
+			// The other nodes of the zone stop renewing while EC2 answers.
+			storm = true
+			h.clock.Step(2 * time.Minute)
+		}
+	}
+	requeue, err := h.c.syncNode(h.ctx, "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !storm {
+		t.Fatal("the instance was not described before the mark")
+	}
+	if got := h.Steps(); len(got) != 0 {
+		t.Errorf("acted after a zone storm began during the ownership check: %q", got)
+	}
+	if requeue != DefaultBlockedRequeue || !hasEvent(h.events(), BlockZonePaused) {
+		t.Errorf("requeue %s; want the blocked requeue and a ZonePaused event", requeue)
+	}
+	if got := h.node("n"); got.Spec.Unschedulable || decide.PhaseOf(got) != decide.PhaseNone {
+		t.Errorf("node unschedulable %v, state %q; want untouched", got.Spec.Unschedulable, decide.PhaseOf(got))
 	}
 }
 

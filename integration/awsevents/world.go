@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -188,12 +187,12 @@ func (w *World) AddNode(ctx context.Context, pool, lifecycle string, opts AgentO
 	}
 	imdsURL := ""
 	if opts.Unreachable {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		addr, release, err := testbin.RefusedAddr() // held: nothing can start listening there
 		if err != nil {
 			return nil, err
 		}
-		imdsURL = "http://" + l.Addr().String()
-		l.Close()
+		w.addCloser(release)
+		imdsURL = "http://" + addr
 	} else {
 		srv := httptest.NewServer(n.timedIMDS(w.EC2.IMDSHandler(n.InstanceID)))
 		w.addCloser(srv.Close)
@@ -329,17 +328,13 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
 	args := []string{"run",
 		"--node-name", n.Name,
 		"--namespace", w.NS,
 		"--pod-name", "nodevigil-agent-" + n.Name,
 		"--kubeconfig", w.cl.Kubeconfig,
 		"--host-root", root,
-		"--listen-address", "127.0.0.1:" + strconv.Itoa(port),
+		"--listen-address", "127.0.0.1:0", // a port the agent picks at bind time; nothing here scrapes it
 		"--kubelet-healthz-url", w.healthz.URL + "/healthz",
 		"--lease-duration", w.AgentLease.String(),
 		"--lease-renew-interval", (w.AgentLease / 6).String(),
@@ -357,15 +352,6 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 	}
 	n.Agent = p
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // renewKubeletLease plays the kubelet's node Lease until ctx ends.
@@ -426,16 +412,11 @@ func (w *World) StartRemediator(ctx context.Context, policies string, extra ...s
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
 	p, err := testbin.Start("remediator-"+w.NS, w.cl.RemediatorBin, append([]string{
 		"--kubeconfig", w.cl.Kubeconfig,
 		"--namespace", w.NS,
 		"--config", path,
-		"--listen-address", addr,
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--metrics-secure=false",
 		"--ec2-endpoint", w.EC2.URL(),
 		"--aws-region", "us-east-1",
@@ -445,6 +426,11 @@ func (w *World) StartRemediator(ctx context.Context, policies string, extra ...s
 		"--log-level", cmpOr(w.RemediatorLogLevel, "debug"),
 	}, extra...), "POD_NAME=remediator-"+w.NS, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
 	if err != nil {
+		return err
+	}
+	addr, err := p.ListenAddr(ctx)
+	if err != nil {
+		_ = p.Stop(10 * time.Second)
 		return err
 	}
 	w.mu.Lock()

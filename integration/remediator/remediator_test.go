@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,17 +179,11 @@ func indent(s, prefix string) string {
 // takes the last value).
 func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	e.t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	p, err := testbin.Start(name, remediatorBin, append([]string{
 		"--kubeconfig", e.cp.KubeconfigPath(),
 		"--namespace", e.ns,
 		"--config", configPath,
-		"--listen-address", addr,
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--metrics-secure=false", // these tests scrape plain HTTP; integration/install tests the secure server
 		"--ec2-endpoint", e.emu.URL(),
 		"--aws-region", "us-east-1",
@@ -206,7 +199,7 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r := &replica{name: name, proc: p, metrics: "http://" + addr}
+	r := &replica{name: name, proc: p}
 	e.replicas = append(e.replicas, r)
 	e.t.Cleanup(func() {
 		_ = p.Stop(10 * time.Second)
@@ -214,6 +207,13 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 			e.t.Logf("%s log:\n%s", name, p.LogTail(60))
 		}
 	})
+	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
+	defer cancel()
+	addr, err := p.ListenAddr(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r.metrics = "http://" + addr
 	return r
 }
 

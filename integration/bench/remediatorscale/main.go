@@ -91,6 +91,7 @@ type options struct {
 	remEnv                  envList
 	countAPI                bool
 	pprofDir                string
+	remLog                  string
 }
 
 // envList is a repeatable KEY=VALUE flag.
@@ -128,6 +129,7 @@ func main() {
 	flag.IntVar(&o.kubeBurst, "kube-api-burst", 0, "remediator --kube-api-burst (0: its default)")
 	flag.BoolVar(&o.countAPI, "count-api", true, "send the remediator through a counting proxy and report its API requests per phase")
 	flag.Var(&o.remEnv, "remediator-env", "KEY=VALUE added to the remediator's environment (repeatable), e.g. GOMEMLIMIT=120MiB or KUBE_FEATURE_WatchListClient=true")
+	flag.StringVar(&o.remLog, "remediator-log", "", "write the remediator's whole output (its JSON log, and e.g. GODEBUG=gctrace=1 lines) to this file at the end")
 	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz and after the first judgement of every node, CPU over the silence (stale + toleration + 20 s)")
 	flag.Parse()
 	if err := o.validate(); err != nil {
@@ -357,7 +359,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	res.qpsNote = "binary defaults for --workers (4), --kube-api-qps (50), --kube-api-burst (200), --resync-period (5m)"
 	if len(tuning) > 0 {
-		res.qpsNote = strings.Join(tuning, " ") + "; other settings at the binary's defaults (--workers 4, --kube-api-qps 20, --kube-api-burst 40, --resync-period 5m)"
+		res.qpsNote = strings.Join(tuning, " ") + "; other settings at the binary's defaults (" + strings.TrimPrefix(res.qpsNote, "binary defaults for ") + ")"
 	}
 	if len(o.remEnv) > 0 {
 		res.qpsNote += "; environment " + o.remEnv.String()
@@ -375,6 +377,11 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "remediatorscale: remediator log tail:\n%s\n", rem.LogTail(40))
+		}
+		if o.remLog != "" {
+			if e := os.WriteFile(o.remLog, []byte(rem.Log()), 0o644); e != nil {
+				fmt.Fprintln(os.Stderr, "remediatorscale: write remediator log:", e)
+			}
 		}
 	}()
 	smp := &sampler{}
@@ -799,7 +806,7 @@ func printTables(w *os.File, r *result) {
 	fmt.Fprintf(w, "| healthy at end of steady state | %.0f of %d (`nodevigil_remediator_nodes{reason=\"Healthy\"}`) |\n", r.healthyAtSteadyEnd, o.nodes)
 	fmt.Fprintf(w, "| Go heap in use, end of steady state | %.1f MiB |\n", r.heapInUseMiB)
 	for _, p := range r.phases {
-		fmt.Fprintf(w, "| RSS %s (%s) | median %.1f MiB · max %.1f MiB · VmHWM %.1f MiB |\n", p.name, p.dur.Round(time.Second), p.rssMedian, p.rssMax, p.hwm)
+		fmt.Fprintf(w, "| RSS %s (%s) | median %.1f MiB · max %.1f MiB (%s in) · VmHWM %.1f MiB |\n", p.name, p.dur.Round(time.Second), p.rssMedian, p.rssMax, p.maxAfter.Round(100*time.Millisecond), p.hwm)
 	}
 	for _, p := range r.phases {
 		fmt.Fprintf(w, "| CPU %s | remediator %.0f mCPU · etcd+apiserver %.0f mCPU · load generator %.0f mCPU |\n", p.name, p.remCPU, p.cpCPU, p.genCPU)

@@ -124,9 +124,10 @@ type phaseStats struct {
 	name                  string
 	dur                   time.Duration
 	n                     int
-	rssMedian, rssMax     float64 // MiB
-	hwm                   float64 // MiB, the kernel's peak RSS at the end of the phase
-	remCPU, cpCPU, genCPU float64 // mCPU
+	rssMedian, rssMax     float64       // MiB
+	hwm                   float64       // MiB, the kernel's peak RSS at the end of the phase
+	maxAfter              time.Duration // when the largest sample was taken, from the phase's start
+	remCPU, cpCPU, genCPU float64       // mCPU
 }
 
 func (s *sampler) phase(name string, from, to time.Time) phaseStats {
@@ -143,8 +144,12 @@ func (s *sampler) phase(name string, from, to time.Time) phaseStats {
 		return ps
 	}
 	rss := make([]int64, len(in))
+	var top int64
 	for i, sm := range in {
 		rss[i] = sm.rssKB
+		if sm.rssKB > top {
+			top, ps.maxAfter = sm.rssKB, sm.at.Sub(from)
+		}
 	}
 	slices.Sort(rss)
 	ps.rssMedian = float64(rss[len(rss)/2]) / 1024

@@ -63,6 +63,11 @@ const (
 // RSS by a third (docs/benchmarks.md). An operator may still set it to false.
 const watchListEnv = "KUBE_FEATURE_WatchListClient"
 
+// startupGCPercent is GOGC while the informers list and sync (remediation.Config
+// StartupGCPercent), unless the operator set GOGC: the initial lists' garbage, not what the
+// caches keep, made the start-up peak RSS at 10,000 nodes (docs/benchmarks.md).
+const startupGCPercent = 25
+
 func main() {
 	if _, set := os.LookupEnv(watchListEnv); !set {
 		_ = os.Setenv(watchListEnv, "true") // read by client-go when the first informer starts
@@ -152,7 +157,11 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		if err != nil {
 			return fmt.Errorf("build EC2 batcher: %w", err)
 		}
-		cloud = ec2Cloud{client: c, batcher: b}
+		db, err := ec2.NewDescribeBatcher(c)
+		if err != nil {
+			return fmt.Errorf("build EC2 describe batcher: %w", err)
+		}
+		cloud = ec2Cloud{describer: db, batcher: b}
 		if o.eventsInterval > 0 && !rc.DryRun {
 			events = ec2Events{client: c, limiter: rate.NewLimiter(scheduledEventsQPS, scheduledEventsBurst)}
 		}
@@ -162,6 +171,10 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		cloud = remediation.DescribeOnly(cloud)
 	}
 
+	startupGC := startupGCPercent
+	if _, set := os.LookupEnv("GOGC"); set {
+		startupGC = 0
+	}
 	ctrl, err := remediation.New(remediation.Config{
 		Client:                  client,
 		EventClient:             eventClient,
@@ -178,6 +191,7 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		Logger:                  log,
 		ScheduledEvents:         events,
 		ScheduledEventsInterval: o.eventsInterval,
+		StartupGCPercent:        startupGC,
 		LeaderElection: remediation.LeaderElectionConfig{
 			Enabled:       o.leaderElect,
 			LeaseDuration: o.leaseDuration,
@@ -275,11 +289,12 @@ func restConfig(o *options) (*rest.Config, error) {
 	return rc, nil
 }
 
-// ec2Cloud adapts the ec2 package to remediation.Cloud. Terminations go through a Batcher, so
-// the decisions of many workers at once (a dead zone) share TerminateInstances calls.
+// ec2Cloud adapts the ec2 package to remediation.Cloud. Terminations go through a Batcher and
+// describes through a DescribeBatcher, so the steps of many workers at once (a dead zone) share
+// TerminateInstances and DescribeInstances calls.
 type ec2Cloud struct {
-	client  *ec2.Client
-	batcher *ec2.Batcher
+	describer *ec2.DescribeBatcher
+	batcher   *ec2.Batcher
 }
 
 func (e ec2Cloud) Terminate(ctx context.Context, id string) (remediation.TerminateOutcome, error) {
@@ -301,11 +316,10 @@ func (e ec2Cloud) Terminate(ctx context.Context, id string) (remediation.Termina
 }
 
 func (e ec2Cloud) Describe(ctx context.Context, id string) (remediation.Instance, bool, error) {
-	m, err := e.client.Describe(ctx, []string{id})
+	inst, ok, err := e.describer.Describe(ctx, id)
 	if err != nil {
 		return remediation.Instance{}, false, classify(err)
 	}
-	inst, ok := m[id]
 	if !ok {
 		return remediation.Instance{}, false, nil
 	}

@@ -253,6 +253,10 @@ type Controller struct {
 	gateMu       sync.Mutex
 	census       *census
 	reservations map[string]reservation
+	// pauseEnded is when each storm pause last ended ("" for the cluster-wide one, else the
+	// zone), by the census's clock: steps stay held until every healed node could be seen
+	// renewing (safety.go, settling).
+	pauseEnded map[string]time.Time
 }
 
 // New builds a Controller. It validates cfg, registers metrics and informers, and does not talk
@@ -335,6 +339,7 @@ func New(cfg Config) (*Controller, error) {
 		memory:       map[string]*nodeMemory{},
 		deleted:      map[types.UID]time.Time{},
 		reservations: map[string]reservation{},
+		pauseEnded:   map[string]time.Time{},
 		leHealth:     leaderelection.NewLeaderHealthzAdaptor(20 * time.Second),
 		kubeletObs:   newLeaseObserver(decide.DefaultKubeletLeaseDuration),
 		agentObs:     newLeaseObserver(cfg.Remediator.AgentLeaseDuration),

@@ -236,10 +236,12 @@ func (c *Controller) setCensus(cs *census) {
 			c.log.Warn("remediation paused cluster-wide", "reason", BlockClusterPaused, "message", msg)
 		}
 	} else {
-		c.metrics.clusterPaused.Set(0)
 		if wasCluster {
-			c.log.Info("remediation resumed cluster-wide")
+			c.pauseEnded[""] = cs.at
+			c.log.Info("remediation pause ended cluster-wide; settling", "settle", c.pauseSettle())
 		}
+		_, settling := c.settling("", cs.at)
+		c.metrics.clusterPaused.Set(b2f(settling))
 	}
 	c.metrics.zonePaused.Reset()
 	for z := range cs.zones {
@@ -250,12 +252,50 @@ func (c *Controller) setCensus(cs *census) {
 				c.log.Warn("remediation paused in zone", "zone", z, "reason", BlockZonePaused, "message", msg)
 			}
 		} else {
-			c.metrics.zonePaused.WithLabelValues(z).Set(0)
 			if was {
-				c.log.Info("remediation resumed in zone", "zone", z)
+				c.pauseEnded[z] = cs.at
+				c.log.Info("remediation pause ended in zone; settling", "zone", z, "settle", c.pauseSettle())
 			}
+			_, settling := c.settling(z, cs.at)
+			c.metrics.zonePaused.WithLabelValues(z).Set(b2f(settling))
 		}
 	}
+}
+
+// pauseSettle is how long steps stay held after a storm pause ends: one agent heartbeat
+// period and its grace (decide.StaleAfter of agentLeaseDuration, 50 s by default). A pause ends
+// when enough nodes are seen renewing again, but the nodes that healed with them renew on their
+// own schedules; until each has had a full period to be seen, a healed node can still look
+// silent — and be past its toleration, since its silence began with the storm. The kubelet
+// renews every quarter of its own Lease's duration (10 s by default), well inside the period.
+func (c *Controller) pauseSettle() time.Duration {
+	return decide.StaleAfter(c.rc.AgentLeaseDuration)
+}
+
+// settling returns why steps in scope ("" for the whole cluster, else a zone) are still held
+// after a storm pause there ended, or false once the settle period is over. gateMu must be held.
+func (c *Controller) settling(scope string, now time.Time) (string, bool) {
+	ended, ok := c.pauseEnded[scope]
+	if !ok {
+		return "", false
+	}
+	until := ended.Add(c.pauseSettle())
+	if !now.Before(until) {
+		return "", false
+	}
+	where := "cluster-wide"
+	if scope != "" {
+		where = "in zone " + scope
+	}
+	return fmt.Sprintf("the storm pause %s ended at %s; every step stays held until %s, so each healed node is seen renewing before anything is judged dead",
+		where, ended.UTC().Format(time.RFC3339), until.UTC().Format(time.RFC3339)), true
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // clusterPaused returns why remediation is paused cluster-wide, or "".
@@ -304,8 +344,14 @@ func (c *Controller) checkRails(node *corev1.Node, p *config.Policy, s step, now
 	if msg := cs.clusterPaused(c.rc); msg != "" {
 		return BlockClusterPaused, msg
 	}
+	if msg, ok := c.settling("", now); ok {
+		return BlockClusterPaused, msg
+	}
 	if z := zoneOf(node); z != "" {
 		if msg := cs.zonePaused(c.rc, z); msg != "" {
+			return BlockZonePaused, msg
+		}
+		if msg, ok := c.settling(z, now); ok {
 			return BlockZonePaused, msg
 		}
 	}

@@ -279,3 +279,57 @@ func TestDetectionLatencyObserved(t *testing.T) {
 		t.Errorf("decisions_total{KubeletUnhealthy} = %v, want 1", got)
 	}
 }
+
+// TestPauseEndSettlesBeforeActing: a zone goes silent (paused), then heals. The pause ends as
+// soon as enough nodes are seen renewing, but a healed node renews on its own schedule and can
+// still look silent — past its toleration, since its silence began with the storm — for up to
+// one heartbeat period. Nothing is remediated in the zone until that period passed; a node
+// still silent after it is remediated.
+func TestPauseEndSettlesBeforeActing(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "zonePauseThreshold: 30%\nclusterPauseThreshold: 100%\npolicies:\n- name: p\n  nodeSelector: \"\"\n  maxUnhealthy: 100%\n  maxInFlight: 10\n  drain: {enabled: false}\n"))
+	h.healthy(newNode("ok", inZone("us-east-1a")))
+	for i := range 3 {
+		h.silent(newNode(fmt.Sprintf("dead-%d", i), inZone("us-east-1a")))
+	}
+	if _, err := h.sync("dead-0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(h.c.metrics.zonePaused.WithLabelValues("us-east-1a")); got != 1 {
+		t.Fatalf("zone_paused = %v with 3 of 4 silent, want 1", got)
+	}
+	renew := func(names ...string) {
+		for _, n := range names {
+			h.renew(DefaultKubeletLeaseNamespace, n, h.clock.Now())
+			h.renew(h.c.rc.AgentNamespace, n, h.clock.Now())
+		}
+	}
+	// dead-1 and dead-2 heal: 1 of 4 silent is within the threshold, the pause ends. dead-0
+	// has not been seen renewing yet.
+	renew("ok", "dead-1", "dead-2")
+	h.settle("dead-0")
+	h.c.refreshCensus(h.clock.Now())
+	h.events()
+	if _, err := h.sync("dead-0"); err != nil {
+		t.Fatal(err)
+	}
+	if steps := h.Steps(); len(steps) != 0 {
+		t.Errorf("acted the moment the zone's pause ended: %q", steps)
+	}
+	if msg, ok := h.c.settling("us-east-1a", h.clock.Now()); !ok || !strings.Contains(msg, "ended at") {
+		t.Errorf("settling(us-east-1a) = %q, %v; want the reason steps are held", msg, ok)
+	}
+	if got := testutil.ToFloat64(h.c.metrics.zonePaused.WithLabelValues("us-east-1a")); got != 1 {
+		t.Errorf("zone_paused = %v while settling, want 1", got)
+	}
+
+	// One heartbeat period later the healed nodes were seen renewing; dead-0 was not.
+	h.clock.Step(h.c.pauseSettle())
+	renew("ok", "dead-1", "dead-2")
+	h.drive("dead-0", 5)
+	if !h.nodeGone("dead-0") {
+		t.Errorf("dead-0 not remediated after the settle period: %q", h.Steps())
+	}
+	if got := testutil.ToFloat64(h.c.metrics.zonePaused.WithLabelValues("us-east-1a")); got != 0 {
+		t.Errorf("zone_paused = %v after settling, want 0", got)
+	}
+}

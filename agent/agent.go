@@ -162,6 +162,10 @@ type Config struct {
 	Wake <-chan struct{}
 	// Collectors are further metrics registered on Registry (the IMDS watcher's).
 	Collectors []prometheus.Collector
+	// Started, when set, is called once from the check loop after the first cycle whose
+	// conditions reached the Node: start-up is over. The agent's command releases the memory
+	// only start-up needed there (package residency).
+	Started func()
 
 	// ListenAddress serves /metrics, /healthz, /readyz (default :9736).
 	ListenAddress string
@@ -201,6 +205,8 @@ type Agent struct {
 	// last is the last result per check, for logging transitions; only the loop touches it.
 	last       map[collectors.CheckName]collectors.Result
 	lastRepair string
+	// started is true once Config.Started was called; only the loop touches it.
+	started bool
 	// seeded is true once the checks were seeded from the Node (or seeding was given up
 	// because the conditions were already reported); only the loop touches it.
 	seeded bool
@@ -523,6 +529,10 @@ func (a *Agent) cycle(ctx context.Context) {
 	}
 	if err := a.taints.Reconcile(ctx, results); err != nil {
 		a.cfg.Logger.Debug("taint reconcile failed", "node", a.cfg.NodeName, "err", err)
+	}
+	if a.cfg.Started != nil && !a.started && a.conditions.Reported() {
+		a.started = true
+		a.cfg.Started()
 	}
 	if a.cfg.Repairer != nil {
 		for _, r := range results {

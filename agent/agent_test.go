@@ -635,3 +635,48 @@ func conditionOf(n *v1.Node, t v1.NodeConditionType) *v1.NodeCondition {
 	}
 	return nil
 }
+
+// TestStartedOnceConditionsReported: Config.Started (where the command releases its start-up
+// memory) is called once, after the first cycle whose conditions reached the Node, and not
+// before: while the API refuses the patch, start-up is not over.
+func TestStartedOnceConditionsReported(t *testing.T) {
+	tests := []struct {
+		name          string
+		failedPatches int // node patches refused before the API accepts them
+	}{
+		{"first cycle reports", 0},
+		{"API refuses the first patches", 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int32
+			h := newHarness(t, func(c *Config) { c.Started = func() { calls.Add(1) } })
+			refused := 0
+			h.client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if refused < tc.failedPatches {
+					refused++
+					return true, nil, errors.New("apiserver unavailable")
+				}
+				return false, nil, nil
+			})
+			ctx := context.Background()
+			for i := 0; !h.agent.conditions.Reported(); i++ {
+				if calls.Load() != 0 {
+					t.Fatalf("Started called before the conditions were reported (cycle %d)", i)
+				}
+				if i > 20 {
+					t.Fatal("conditions never reported")
+				}
+				h.agent.cycle(ctx)
+				h.clock.Step(time.Minute) // past the condition manager's backoff
+			}
+			for range 5 {
+				h.agent.cycle(ctx)
+				h.clock.Step(10 * time.Second)
+			}
+			if got := calls.Load(); got != 1 {
+				t.Errorf("Started called %d times, want once", got)
+			}
+		})
+	}
+}

@@ -74,6 +74,7 @@ func (c *Controller) input(node *corev1.Node, p *config.Policy, now time.Time) d
 		AgentLeaseDuration: c.rc.AgentLeaseDuration,
 		NoAgents:           c.agentObs.size() == 0,
 		SeenReadyAt:        c.readyMem.seen(node.Name),
+		ScheduledEvents:    c.intr.scheduledEvents(node),
 	}
 	if l, err := c.kubeletLeases.Get(node.Name); err == nil {
 		in.KubeletLease = l

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
 	"github.com/nodevigil/nodevigil/remediation/ec2"
 )
 
@@ -36,7 +37,7 @@ const (
 const (
 	ConditionNoSpotInterruption        corev1.NodeConditionType = "NoSpotInterruption"
 	ConditionNoRebalanceRecommendation corev1.NodeConditionType = "NoRebalanceRecommendation"
-	ConditionNoScheduledEvent          corev1.NodeConditionType = "NoScheduledEvent"
+	ConditionNoScheduledEvent          corev1.NodeConditionType = decide.ConditionNoScheduledEvent
 	ConditionNoASGTermination          corev1.NodeConditionType = "NoASGTermination"
 )
 
@@ -76,10 +77,7 @@ func KindForCode(code string) (InterruptionKind, bool) {
 	return "", false
 }
 
-var (
-	scheduledPattern = regexp.MustCompile(`([a-z-]+) (instance-event-[0-9a-f]+): [^;]*; not before (\S+?)(?:, not after (\S+?))?(?:;|$)`)
-	spotAtPattern    = regexp.MustCompile(`at (\d{4}-\d\d-\d\dT\S+?Z)`)
-)
+var spotAtPattern = regexp.MustCompile(`at (\d{4}-\d\d-\d\dT\S+?Z)`)
 
 // InterruptionsFromNode reads the pending interruptions the agent reported as False
 // conditions. Unknown conditions (metadata service unreadable) report nothing: an agent that
@@ -105,17 +103,13 @@ func InterruptionsFromNode(node *corev1.Node) []Interruption {
 		case ConditionNoASGTermination:
 			out = append(out, Interruption{Kind: KindASGTermination, ID: string(KindASGTermination), Code: c.Reason, Sources: []string{SourceAgent}, Message: c.Message})
 		case ConditionNoScheduledEvent:
-			for _, m := range scheduledPattern.FindAllStringSubmatch(c.Message, -1) {
-				kind, ok := KindForCode(m[1])
+			for _, e := range decide.ParseScheduledEvents(c.Message) {
+				kind, ok := KindForCode(e.Code)
 				if !ok {
 					continue
 				}
-				in := Interruption{Kind: kind, ID: m[2], Code: m[1], Sources: []string{SourceAgent}, Message: c.Message}
-				in.NotBefore, _ = time.Parse(time.RFC3339, m[3])
-				if m[4] != "" {
-					in.NotAfter, _ = time.Parse(time.RFC3339, m[4])
-				}
-				out = append(out, in)
+				out = append(out, Interruption{Kind: kind, ID: e.ID, Code: e.Code, NotBefore: e.NotBefore, NotAfter: e.NotAfter,
+					Sources: []string{SourceAgent}, Message: c.Message})
 			}
 		}
 	}

@@ -80,7 +80,13 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	// lists it (its state lags); its record goes once no source reports it and one that could
 	// does not (positive knowledge, as for undo).
 	done, hasDone := node.Annotations[AnnotationInterruptionRebootedFor]
+	// An operator's hold (do-not-remediate) holds nodevigil's own choices: the scheduled
+	// events and rebalance recommendations a policy acts on ahead of time. Spot notices and
+	// ASG terminations are AWS's decision, not nodevigil's: the instance goes whatever the
+	// hold says, so their drain still runs.
+	held := decide.DoNotRemediate(node)
 	plans := make([]InterruptionPlan, 0, len(ins))
+	var heldPlans []InterruptionPlan
 	var next time.Duration
 	stillListed := false
 	for _, in := range ins {
@@ -89,6 +95,10 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 			continue
 		}
 		pl := PlanInterruption(p.Interruptions, in, now)
+		if held && pl.HoldsSlot {
+			heldPlans = append(heldPlans, pl)
+			continue
+		}
 		plans = append(plans, pl)
 		if d := pl.StartAt.Sub(now); d > 0 && (next == 0 || d < next) {
 			next = d
@@ -104,6 +114,16 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 	c.notifyEC2Only(node, p, plans)
 	gov, due := GoverningPlan(plans, now)
 	acts := due && acting(gov.Action)
+	if isMarked && held && !immediateKind(markedKind(marked)) {
+		// Cordoned for a scheduled event or a recommendation before the hold: hand the node
+		// back, as a hold does for remediation (uncordoned only if nodevigil cordoned it).
+		return interruptionRecheck, c.undo(ctx, node, marked, fmt.Sprintf(
+			"an operator holds the node (%s=%q): what nodevigil did for %s is undone, and the event is not acted on while the hold lasts",
+			decide.AnnotationDoNotRemediate, node.Annotations[decide.AnnotationDoNotRemediate], marked), nil)
+	}
+	if !acts && !isMarked {
+		c.noteHeld(node, p, heldPlans, now)
+	}
 
 	if !acts {
 		if isMarked {
@@ -207,6 +227,38 @@ func (c *Controller) syncInterruptions(ctx context.Context, node *corev1.Node, p
 		return interruptionRecheck, nil
 	}
 	return min(max(res.requeue, time.Second), interruptionRecheck), nil
+}
+
+// EventInterruptionHeld says, once per event, that a due scheduled event or rebalance
+// recommendation is not acted on because an operator holds the node (do-not-remediate).
+const EventInterruptionHeld = "InterruptionHeld"
+
+// immediateKind reports whether an interruption kind is AWS's decision (a spot notice, an ASG
+// termination), acted on whatever an operator's hold says.
+func immediateKind(k InterruptionKind) bool {
+	return k == KindSpotInterruption || k == KindASGTermination
+}
+
+// markedKind is the kind of the event an interruption mark ("<event ID>/<action>") names.
+func markedKind(marked string) InterruptionKind {
+	id, _, _ := strings.Cut(marked, "/")
+	if strings.HasPrefix(id, "instance-event-") {
+		return KindScheduledReboot // or a retirement: either way a scheduled event
+	}
+	return InterruptionKind(id)
+}
+
+// noteHeld records, once per event, the due plans an operator's hold keeps nodevigil from
+// acting on: without it a held node with a retirement next week would look forgotten.
+func (c *Controller) noteHeld(node *corev1.Node, p *config.Policy, held []InterruptionPlan, now time.Time) {
+	gov, due := GoverningPlan(held, now)
+	if !due || !acting(gov.Action) || !c.intr.note(node.Name, "held/"+gov.Interruption.ID) {
+		return
+	}
+	c.recorder.Eventf(node, corev1.EventTypeNormal, EventInterruptionHeld,
+		"%s (%s) is not acted on: an operator holds the node (%s=%q); policy %s would %s. Clearing the hold (kubectl nodevigil release %s) lets it act",
+		gov.Interruption.Code, gov.Interruption.ID, decide.AnnotationDoNotRemediate, node.Annotations[decide.AnnotationDoNotRemediate], p.Name, gov.Action, node.Name)
+	c.log.Info("interruption held by an operator", "node", node.Name, "reason", gov.Interruption.Code, "action", string(gov.Action))
 }
 
 // markedEventGone reports whether the event a node was cordoned for is positively over: no

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
 const interruptionPolicies = `policies:
@@ -155,5 +157,56 @@ func TestInterruptionDryRun(t *testing.T) {
 	}
 	if !hasEvent(h.events(), EventInterruptionDryRun) {
 		t.Error("no dry-run event")
+	}
+}
+
+// TestOperatorHoldAndInterruptions: an operator's hold (do-not-remediate) holds what a policy
+// chooses to do ahead of time — a scheduled event is not cordoned for, one already cordoned for
+// is handed back — while a spot notice, AWS's own decision, is still drained.
+func TestOperatorHoldAndInterruptions(t *testing.T) {
+	h := newHarness(t, liveConfig(t, interruptionPolicies))
+	nb := t0.Add(30 * time.Minute).UTC().Format(time.RFC3339) // inside the 1 h lead time: due now
+	stop := withCondition(ConditionNoScheduledEvent, corev1.ConditionFalse, "InstanceStop",
+		"instance-stop instance-event-0123456789abcdef1: The instance is scheduled for stop; not before "+nb)
+	hold := withAnnotation(decide.AnnotationDoNotRemediate, "kernel debugging")
+	h.healthy(newNode("held", inPool("general"), stop, hold))
+	h.healthy(newNode("free", inPool("general"), stop))
+	h.healthy(newNode("spot", inPool("general"), spotNotice(), hold))
+	h.spot("spot")
+	h.add(newPod("app", "web-s", "spot"))
+
+	syncN(h, "held", 3)
+	if n := h.node("held"); n.Spec.Unschedulable || hasTaintKey(n, TaintInterruption) || n.Annotations[AnnotationInterruption] != "" {
+		t.Errorf("held node cordoned for a scheduled event: unschedulable=%v taints=%v annotations=%v", n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
+	}
+	if evs := h.events(); !hasEvent(evs, EventInterruptionHeld) {
+		t.Errorf("no %s event for the held node; events %v", EventInterruptionHeld, evs)
+	}
+
+	syncN(h, "free", 3)
+	if n := h.node("free"); !n.Spec.Unschedulable || !hasTaintKey(n, TaintInterruption) {
+		t.Fatalf("unheld node not cordoned for its due event: unschedulable=%v taints=%v", n.Spec.Unschedulable, n.Spec.Taints)
+	}
+	h.events()
+	n := h.node("free")
+	n.Annotations[decide.AnnotationDoNotRemediate] = "true"
+	if _, err := h.client.CoreV1().Nodes().Update(h.ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	syncN(h, "free", 3)
+	if n := h.node("free"); n.Spec.Unschedulable || hasTaintKey(n, TaintInterruption) || n.Annotations[AnnotationInterruption] != "" {
+		t.Errorf("hold did not hand the node back: unschedulable=%v taints=%v annotations=%v", n.Spec.Unschedulable, n.Spec.Taints, n.Annotations)
+	}
+	evs := h.events()
+	if !hasEvent(evs, EventInterruptionUndone) || !slices.ContainsFunc(evs, func(e string) bool { return strings.Contains(e, "an operator holds the node") }) {
+		t.Errorf("want an InterruptionUndone event naming the hold; events %v", evs)
+	}
+
+	syncN(h, "spot", 5)
+	if n := h.node("spot"); !n.Spec.Unschedulable || n.Annotations[AnnotationInterruption] != "spotInterruption/Drain" {
+		t.Errorf("held node with a spot notice not drained: unschedulable=%v annotations=%v", n.Spec.Unschedulable, n.Annotations)
+	}
+	if !slices.Contains(h.Steps(), "evict app/web-s") {
+		t.Errorf("spot notice on a held node: pod not evicted; steps %v", h.Steps())
 	}
 }

@@ -79,7 +79,11 @@ func (c *Controller) pollScheduledEvents(ctx context.Context) {
 	byKind := map[InterruptionKind]int{}
 	c.intr.mu.Lock()
 	var changed []string
+	withEvents := 0
 	for id, evs := range got {
+		if len(evs) > 0 {
+			withEvents++
+		}
 		for _, e := range evs {
 			if k, ok := KindForCode(e.Code); ok {
 				byKind[k]++
@@ -94,7 +98,7 @@ func (c *Controller) pollScheduledEvents(ctx context.Context) {
 			changed = append(changed, id)
 		}
 	}
-	c.intr.ec2 = got
+	c.intr.ec2, c.intr.withEvents = got, withEvents
 	c.intr.mu.Unlock()
 	for _, k := range []InterruptionKind{KindScheduledReboot, KindScheduledRetirement} {
 		c.intr.pending.WithLabelValues(string(k)).Set(float64(byKind[k]))

@@ -39,6 +39,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
 	"github.com/nodevigil/nodevigil/remediation/ec2"
 	"github.com/nodevigil/nodevigil/remediation/providerid"
 )
@@ -68,6 +69,9 @@ type interruptionState struct {
 	// ec2 is the last DescribeInstanceStatus view: instance ID → its active events. An
 	// instance EC2 described without events has an empty entry; one never described is absent.
 	ec2 map[string][]ec2.ScheduledEvent
+	// withEvents counts the instances of ec2 that have at least one event, so that a census
+	// of a fleet with none skips looking them up.
+	withEvents int
 	// facts caches what corroborates a notice, per instance (it never changes for an instance).
 	facts map[string]Instance
 	// census counts the pools; reserved holds slots taken until the cache shows the mark.
@@ -146,6 +150,24 @@ func (s *interruptionState) eventsOf(id string) ([]ec2.ScheduledEvent, bool) {
 	defer s.mu.Unlock()
 	evs, ok := s.ec2[id]
 	return evs, ok
+}
+
+// scheduledEvents returns the active scheduled events EC2 lists for node's instance, as
+// decide reads them (a silence inside a scheduled reboot is tolerated longer). It costs one
+// lock and no parsing while EC2 lists no event at all, as on almost every census pass.
+func (s *interruptionState) scheduledEvents(node *corev1.Node) []decide.ScheduledEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.withEvents == 0 {
+		return nil
+	}
+	var out []decide.ScheduledEvent
+	for _, e := range s.ec2[instanceIDOf(node)] {
+		if !ec2.IsFinished(e.Description) {
+			out = append(out, decide.ScheduledEvent{Code: e.Code, ID: e.ID, NotBefore: e.NotBefore, NotAfter: e.NotAfter})
+		}
+	}
+	return out
 }
 
 // note records a loud note for node; it reports whether it differs from the last one.

@@ -216,9 +216,13 @@ type IMDSConfig struct {
 	// Endpoint overrides the metadata service's URL (default the SDK's:
 	// $AWS_EC2_METADATA_SERVICE_ENDPOINT, else http://169.254.169.254). Flag --imds-endpoint.
 	Endpoint string `json:"endpoint,omitempty"`
-	// SpotInterval is how often the spot paths are read on a spot instance (default 2s, so a
-	// notice reaches the Node within 3s); other instances never read them.
+	// SpotInterval is how often spot/instance-action is read on a spot instance (default 2s,
+	// so a notice reaches the Node within 3s); other instances never read it.
 	SpotInterval metav1.Duration `json:"spotInterval,omitempty"`
+	// RebalanceInterval is how often the rebalance recommendation is read on a spot instance
+	// (default 10s: an early warning, not a two-minute notice; never more often than
+	// spotInterval); other instances never read it.
+	RebalanceInterval metav1.Duration `json:"rebalanceInterval,omitempty"`
 	// EventInterval is how often scheduled events and the ASG lifecycle state are read
 	// (default 1m).
 	EventInterval metav1.Duration `json:"eventInterval,omitempty"`
@@ -230,8 +234,8 @@ type IMDSConfig struct {
 
 // WatcherConfig is the collectors/imds configuration this section describes.
 func (c IMDSConfig) WatcherConfig() imds.Config {
-	return imds.Config{Endpoint: c.Endpoint, SpotInterval: c.SpotInterval.Duration, EventInterval: c.EventInterval.Duration,
-		Timeout: c.Timeout.Duration, MaxBackoff: c.MaxBackoff.Duration}
+	return imds.Config{Endpoint: c.Endpoint, SpotInterval: c.SpotInterval.Duration, RebalanceInterval: c.RebalanceInterval.Duration,
+		EventInterval: c.EventInterval.Duration, Timeout: c.Timeout.Duration, MaxBackoff: c.MaxBackoff.Duration}
 }
 
 // MemoryConfig is the memory check's part of the config file (see collectors/memory.Config).

@@ -221,6 +221,7 @@ func TestValidationNamesFieldAndFix(t *testing.T) {
 		{"imds endpoint not a URL", ModeRun, nodeEnv, []string{"--config", "bad-imds.yaml"}, `imds.endpoint "169.254.169.254" is not an http(s) URL`},
 		{"imds spot interval too long", ModeCheck, nil, []string{"--config", "bad-imds.yaml"}, "imds.spotInterval (2m0s) is above 30s"},
 		{"imds event interval too long", ModeRun, nodeEnv, []string{"--config", "bad-imds.yaml"}, "imds.eventInterval (2h0m0s) is above 1h"},
+		{"imds rebalance interval too long", ModeRun, nodeEnv, []string{"--config", "bad-imds.yaml"}, "imds.rebalanceInterval (10m0s) is above 5m"},
 		{"imds endpoint flag", ModeCheck, nil, []string{"--imds-endpoint=localhost:1338"}, `imds.endpoint "localhost:1338" is not an http(s) URL`},
 		{"memory percent above 100", ModeRun, nodeEnv, []string{"--config", "memory-high.yaml"}, "memory.psiFullEnterPercent (150) must be between 0 and 100"},
 	} {

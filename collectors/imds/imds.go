@@ -12,8 +12,9 @@
 // A Watcher reads instance-life-cycle once (and again after any failed read): spot interruption
 // notices and rebalance recommendations exist only for spot instances, so on any other instance
 // the spot paths are never polled and those kinds are Healthy "not a spot instance". On a spot
-// instance it polls the two spot paths every SpotInterval (2 s: a notice must reach the Node
-// within 3 s), and the others about once a minute, each group on its own schedule, and signals
+// instance it polls spot/instance-action every SpotInterval (2 s: a notice must reach the Node
+// within 3 s) and the rebalance recommendation every RebalanceInterval (10 s, on the same
+// wake-ups), and the others about once a minute, each group on its own schedule, and signals
 // Changed whenever a verdict changes so the agent publishes it at once rather than at its next
 // check cycle. A 404 is "no event". A metadata service that cannot be used (not on EC2, hop
 // limit 1 seen from a pod network, endpoint disabled, an IMDSv1-only proxy) makes every kind
@@ -91,10 +92,16 @@ const (
 	// DefaultSpotInterval is 2 s on spot instances (others never poll the spot paths): issue
 	// 14's target, spot notice in IMDS → node cordoned within 3 s at p99, cannot be met with
 	// the 5 s AWS suggests. Its cost is in docs/benchmarks.md ("Agent steady state").
-	DefaultSpotInterval  = 2 * time.Second
-	DefaultEventInterval = time.Minute
-	DefaultTimeout       = 2 * time.Second
-	DefaultMaxBackoff    = 5 * time.Minute
+	DefaultSpotInterval = 2 * time.Second
+	// DefaultRebalanceInterval is 10 s. A rebalance recommendation is not a two-minute notice:
+	// it is an early warning that comes before the notice when EC2 can give one, its default
+	// action is Notify, and a spot notice that follows it is read on the spot path's own 2 s
+	// schedule (the escalation does not wait for it). Reading it on every fifth spot poll
+	// takes a third of the metadata reads off a spot instance (docs/benchmarks.md).
+	DefaultRebalanceInterval = 10 * time.Second
+	DefaultEventInterval     = time.Minute
+	DefaultTimeout           = 2 * time.Second
+	DefaultMaxBackoff        = 5 * time.Minute
 )
 
 // Config configures a Watcher. Zero values select the defaults.
@@ -102,9 +109,13 @@ type Config struct {
 	// Endpoint is the metadata service's base URL. Empty means the SDK's: the
 	// AWS_EC2_METADATA_SERVICE_ENDPOINT environment variable, else http://169.254.169.254.
 	Endpoint string
-	// SpotInterval is how often spot/instance-action and events/recommendations/rebalance are
-	// read on a spot instance (default 2s; never on other instances).
+	// SpotInterval is how often spot/instance-action is read on a spot instance (default 2s;
+	// never on other instances).
 	SpotInterval time.Duration
+	// RebalanceInterval is how often events/recommendations/rebalance is read on a spot
+	// instance (default 10s; never on other instances). It is read on the spot path's
+	// wake-ups, so never more often than SpotInterval.
+	RebalanceInterval time.Duration
 	// EventInterval is how often events/maintenance/scheduled and
 	// autoscaling/target-lifecycle-state are read (default 1m: scheduled events come days
 	// ahead).
@@ -129,7 +140,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"spotInterval", c.SpotInterval}, {"eventInterval", c.EventInterval}, {"timeout", c.Timeout}, {"maxBackoff", c.MaxBackoff}} {
+	}{{"spotInterval", c.SpotInterval}, {"rebalanceInterval", c.RebalanceInterval}, {"eventInterval", c.EventInterval}, {"timeout", c.Timeout}, {"maxBackoff", c.MaxBackoff}} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("imds.%s (%s) must not be negative; leave it unset for the default", d.name, d.v))
 		}
@@ -139,6 +150,12 @@ func (c Config) Validate() error {
 	}
 	if c.SpotInterval > 30*time.Second {
 		errs = append(errs, fmt.Errorf("imds.spotInterval (%s) is above 30s; a spot notice gives two minutes, use 1s to 10s", c.SpotInterval))
+	}
+	if c.RebalanceInterval > 0 && c.RebalanceInterval < time.Second {
+		errs = append(errs, fmt.Errorf("imds.rebalanceInterval (%s) is below 1s; use 5s to 1m", c.RebalanceInterval))
+	}
+	if c.RebalanceInterval > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("imds.rebalanceInterval (%s) is above 5m; a rebalance recommendation is an early warning, use 5s to 1m", c.RebalanceInterval))
 	}
 	if c.EventInterval > 0 && c.EventInterval < time.Second {
 		errs = append(errs, fmt.Errorf("imds.eventInterval (%s) is below 1s; use about 1m", c.EventInterval))
@@ -180,6 +197,9 @@ type Watcher struct {
 	// lifeCycle is instance-life-cycle as last read; empty while unknown (not read yet, or
 	// a read failed since).
 	lifeCycle string
+	// rebalanceNext is when the spot group reads the rebalance path again (zero: at its next
+	// poll). Only Run's goroutine touches it.
+	rebalanceNext time.Time
 
 	requests *prometheus.CounterVec
 	failures *prometheus.CounterVec
@@ -210,6 +230,9 @@ func New(cfg Config) (*Watcher, error) {
 	}
 	if cfg.SpotInterval == 0 {
 		cfg.SpotInterval = DefaultSpotInterval
+	}
+	if cfg.RebalanceInterval == 0 {
+		cfg.RebalanceInterval = DefaultRebalanceInterval
 	}
 	if cfg.EventInterval == 0 {
 		cfg.EventInterval = DefaultEventInterval
@@ -383,8 +406,9 @@ func notSpotResult(kind collectors.CheckName, lc string, now time.Time) collecto
 		Inputs:  []collectors.Input{lifeCycleInput(lc)}}
 }
 
-// Run polls until ctx is done: on a spot instance the spot group every SpotInterval, the
-// others every EventInterval, each group backing off exponentially (up to MaxBackoff) while
+// Run polls until ctx is done: on a spot instance the spot group every SpotInterval (the
+// rebalance path on the first of its polls due after RebalanceInterval), the others every
+// EventInterval, each group backing off exponentially (up to MaxBackoff) while
 // the service cannot be used. One timer serves every wake-up.
 func (w *Watcher) Run(ctx context.Context) {
 	w.mu.Lock()
@@ -470,13 +494,22 @@ func (w *Watcher) pollGroup(ctx context.Context, g *group) {
 		}
 	}
 	if !failed {
+		start := w.cfg.Clock.Now()
 		for _, k := range g.kinds {
+			rebalance := k == collectors.CheckRebalanceRecommendation
+			if rebalance && start.Before(w.rebalanceNext) {
+				continue
+			}
 			r := w.read(ctx, &tr, k)
 			if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
 				return
 			}
 			if r.Status == collectors.StatusUnknown {
 				failed = true
+			} else if rebalance {
+				// Half a spot interval early, so it falls on the spot poll due then and
+				// not on the one after.
+				w.rebalanceNext = start.Add(w.cfg.RebalanceInterval - g.interval/2)
 			}
 			w.store(r)
 		}
@@ -486,6 +519,7 @@ func (w *Watcher) pollGroup(ctx context.Context, g *group) {
 		w.mu.Lock()
 		w.lifeCycle = "" // read it again once the service answers
 		w.mu.Unlock()
+		w.rebalanceNext = time.Time{} // and every path with it
 		g.failures++
 		for i := 1; i < g.failures && delay < w.cfg.MaxBackoff; i++ {
 			delay *= 2

@@ -61,18 +61,21 @@ func reason(want string) func(collectors.Result) bool {
 }
 
 // TestSpotPathsPolledOnlyOnSpotInstances: the life cycle is read once; a spot instance has its
-// spot paths read every SpotInterval (default 2 s), any other instance never, its spot kinds
-// Healthy "not a spot instance", while scheduled events keep their one-minute interval.
+// spot path read every SpotInterval (default 2 s) and its rebalance path every
+// RebalanceInterval (default 10 s, on the same wake-ups), any other instance neither, its spot
+// kinds Healthy "not a spot instance", while scheduled events keep their one-minute interval.
 func TestSpotPathsPolledOnlyOnSpotInstances(t *testing.T) {
 	tests := []struct {
 		name      string
 		lifecycle string
-		spotReads int // reads of each spot path over one minute of 2 s steps (plus the first)
-		reason    string
+		spotReads int // reads of the spot path over one minute of 2 s steps (plus the first)
+		// rebalanceReads: of the rebalance path, every 10 s (plus the first)
+		rebalanceReads int
+		reason         string
 	}{
-		{"spot", ec2emu.LifecycleSpot, 31, ReasonNoEvent},
-		{"on-demand", "", 0, ReasonNotSpot},
-		{"scheduled", "scheduled", 0, ReasonNotSpot},
+		{"spot", ec2emu.LifecycleSpot, 31, 7, ReasonNoEvent},
+		{"on-demand", "", 0, 0, ReasonNotSpot},
+		{"scheduled", "scheduled", 0, 0, ReasonNotSpot},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -94,12 +97,12 @@ func TestSpotPathsPolledOnlyOnSpotInstances(t *testing.T) {
 			})
 			if tc.spotReads > 0 {
 				waitLatest(t, w, collectors.CheckSpotInterruption, func(collectors.Result) bool {
-					return s.IMDSPathReads(instanceID, PathRebalance) >= tc.spotReads
+					return s.IMDSPathReads(instanceID, PathSpot) >= tc.spotReads
 				})
 			}
-			for _, p := range []string{PathSpot, PathRebalance} {
-				if got := s.IMDSPathReads(instanceID, p); got != tc.spotReads {
-					t.Errorf("%s read %d times in a minute, want %d", p, got, tc.spotReads)
+			for p, want := range map[string]int{PathSpot: tc.spotReads, PathRebalance: tc.rebalanceReads} {
+				if got := s.IMDSPathReads(instanceID, p); got != want {
+					t.Errorf("%s read %d times in a minute, want %d", p, got, want)
 				}
 			}
 			if got := s.IMDSPathReads(instanceID, PathInstanceLifeCycle); got != 1 {
@@ -150,4 +153,40 @@ func TestOneShotNotSpot(t *testing.T) {
 	if r := check(t, w, collectors.CheckSpotInterruption); r.Reason != "SpotTerminate" {
 		t.Fatalf("posted notice: %s/%s (%s)", r.Status, r.Reason, r.Message)
 	}
+}
+
+// TestRebalanceReadOnItsOwnInterval: a rebalance recommendation is seen at the first spot poll
+// due RebalanceInterval after the last read, and a spot notice posted at the same time at the
+// next spot poll; after a failed read both paths are read as soon as the service answers.
+func TestRebalanceReadOnItsOwnInterval(t *testing.T) {
+	s, url, clk := emulated(t, ec2emu.LifecycleSpot)
+	w := newWatcher(t, Config{Endpoint: url, Clock: clk, MaxBackoff: 2 * time.Second}) // default intervals
+	runWatcher(t, w)
+	step := stepper(t, clk)
+	waitLatest(t, w, collectors.CheckRebalanceRecommendation, reason(ReasonNoEvent))
+	step(2*time.Second, 1) // t=2s
+	waitLatest(t, w, collectors.CheckSpotInterruption, func(collectors.Result) bool {
+		return s.IMDSPathReads(instanceID, PathSpot) == 2
+	})
+	s.SetRebalanceRecommendation(instanceID, epoch)
+	s.SetSpotInstanceAction(instanceID, "terminate", epoch.Add(2*time.Minute))
+	step(2*time.Second, 1) // t=4s: the spot path sees its notice, the rebalance path is not read
+	waitLatest(t, w, collectors.CheckSpotInterruption, reason("SpotTerminate"))
+	if got := s.IMDSPathReads(instanceID, PathRebalance); got != 1 {
+		t.Fatalf("rebalance path read %d times in 4s, want once (at start)", got)
+	}
+	step(2*time.Second, 3) // t=10s
+	waitLatest(t, w, collectors.CheckRebalanceRecommendation, reason(ReasonRebalanceRecommendation))
+
+	// A failure, then recovery: both paths at once.
+	s.SetIMDSMode(instanceID, ec2emu.IMDSDisabled)
+	step(2*time.Second, 1) // t=12s
+	waitLatest(t, w, collectors.CheckSpotInterruption, reason(ReasonIMDSDisabled))
+	s.SetIMDSMode(instanceID, ec2emu.IMDSv2Required)
+	before := s.IMDSPathReads(instanceID, PathRebalance)
+	step(2*time.Second, 1) // t=14s, 4s before the rebalance path would be due
+	waitLatest(t, w, collectors.CheckRebalanceRecommendation, func(collectors.Result) bool {
+		return s.IMDSPathReads(instanceID, PathRebalance) > before
+	})
+	waitLatest(t, w, collectors.CheckRebalanceRecommendation, reason(ReasonRebalanceRecommendation))
 }

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -133,15 +132,13 @@ func writeFile(t *testing.T, path, data string, mode os.FileMode) {
 // start runs the agent binary for the node with test-speed intervals.
 func (n *node) start() {
 	n.t.Helper()
-	port := freePort(n.t)
-	n.metrics = "http://127.0.0.1:" + strconv.Itoa(port)
 	args := append([]string{"run",
 		"--node-name", n.name,
 		"--namespace", n.namespace,
 		"--pod-name", "nodevigil-agent-" + n.name,
 		"--kubeconfig", cp.KubeconfigPath(),
 		"--host-root", n.hostRoot,
-		"--listen-address", "127.0.0.1:" + strconv.Itoa(port),
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--kubelet-healthz-url", n.healthz.URL + "/healthz",
 		"--check-interval", "1s",
 		"--lease-duration", "6s",
@@ -167,16 +164,13 @@ func (n *node) start() {
 			n.t.Logf("agent log:\n%s", p.LogTail(60))
 		}
 	})
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(n.t.Context(), 60*time.Second)
+	defer cancel()
+	addr, err := p.ListenAddr(ctx)
 	if err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	n.metrics = "http://" + addr
 }
 
 func (n *node) get(ctx context.Context) (*corev1.Node, error) {

@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"bytes"
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -13,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nodevigil/nodevigil/integration/fakesystemd"
+	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
 // startSystemdBus is the narrow seam: a real dbus-daemon listening where the agent looks for
@@ -118,11 +118,15 @@ func TestCheckKubeletNotRunning(t *testing.T) {
 	writeHost(t, root, true)
 	writeFile(t, filepath.Join(root, "proc/1/comm"), "systemd\n", 0o644)
 	writeFile(t, filepath.Join(root, "proc/700/comm"), "containerd\n", 0o644)
-	port := freePort(t) // nothing listens there
-	cmd := exec.Command(agentBin, "check", "--host-root", root, "--kubelet-healthz-url", fmt.Sprintf("http://127.0.0.1:%d/healthz", port))
+	refused, release, err := testbin.RefusedAddr() // nothing listens there, and nothing can start to
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	cmd := exec.Command(agentBin, "check", "--host-root", root, "--kubelet-healthz-url", "http://"+refused+"/healthz")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	ee, ok := err.(*exec.ExitError)
 	if !ok || ee.ExitCode() != 1 {
 		t.Fatalf("exit %v, want 1\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())

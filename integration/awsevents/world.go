@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -147,7 +146,8 @@ func (w *World) Close() {
 
 // AgentOptions shape one node's agent.
 type AgentOptions struct {
-	// SpotInterval is the agent's imds.spotInterval; zero leaves the agent's default.
+	// SpotInterval is the agent's imds.spotInterval, and its imds.rebalanceInterval too (at
+	// least 1s) so the scenarios wait on neither; zero leaves the agent's defaults.
 	SpotInterval time.Duration
 	// Unreachable points the agent at a loopback port nobody listens on instead of its
 	// instance's metadata service, as a pod cut off from 169.254.169.254 sees it.
@@ -187,12 +187,12 @@ func (w *World) AddNode(ctx context.Context, pool, lifecycle string, opts AgentO
 	}
 	imdsURL := ""
 	if opts.Unreachable {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		addr, release, err := testbin.RefusedAddr() // held: nothing can start listening there
 		if err != nil {
 			return nil, err
 		}
-		imdsURL = "http://" + l.Addr().String()
-		l.Close()
+		w.addCloser(release)
+		imdsURL = "http://" + addr
 	} else {
 		srv := httptest.NewServer(n.timedIMDS(w.EC2.IMDSHandler(n.InstanceID)))
 		w.addCloser(srv.Close)
@@ -322,13 +322,10 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 	cfg := "apiVersion: nodevigil.io/v1alpha1\nkind: AgentConfig\nimds:\n  eventInterval: 10s\n  timeout: 1s\n"
 	if opts.SpotInterval > 0 {
 		cfg += "  spotInterval: " + opts.SpotInterval.String() + "\n"
+		cfg += "  rebalanceInterval: " + max(opts.SpotInterval, time.Second).String() + "\n"
 	}
 	cfgPath := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		return err
-	}
-	port, err := freePort()
-	if err != nil {
 		return err
 	}
 	args := []string{"run",
@@ -337,7 +334,7 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 		"--pod-name", "nodevigil-agent-" + n.Name,
 		"--kubeconfig", w.cl.Kubeconfig,
 		"--host-root", root,
-		"--listen-address", "127.0.0.1:" + strconv.Itoa(port),
+		"--listen-address", "127.0.0.1:0", // a port the agent picks at bind time; nothing here scrapes it
 		"--kubelet-healthz-url", w.healthz.URL + "/healthz",
 		"--lease-duration", w.AgentLease.String(),
 		"--lease-renew-interval", (w.AgentLease / 6).String(),
@@ -355,15 +352,6 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 	}
 	n.Agent = p
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // renewKubeletLease plays the kubelet's node Lease until ctx ends.
@@ -424,16 +412,11 @@ func (w *World) StartRemediator(ctx context.Context, policies string, extra ...s
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
 	p, err := testbin.Start("remediator-"+w.NS, w.cl.RemediatorBin, append([]string{
 		"--kubeconfig", w.cl.Kubeconfig,
 		"--namespace", w.NS,
 		"--config", path,
-		"--listen-address", addr,
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--metrics-secure=false",
 		"--ec2-endpoint", w.EC2.URL(),
 		"--aws-region", "us-east-1",
@@ -443,6 +426,11 @@ func (w *World) StartRemediator(ctx context.Context, policies string, extra ...s
 		"--log-level", cmpOr(w.RemediatorLogLevel, "debug"),
 	}, extra...), "POD_NAME=remediator-"+w.NS, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
 	if err != nil {
+		return err
+	}
+	addr, err := p.ListenAddr(ctx)
+	if err != nil {
+		_ = p.Stop(10 * time.Second)
 		return err
 	}
 	w.mu.Lock()

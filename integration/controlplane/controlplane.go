@@ -31,6 +31,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
 // Config tunes the control plane. The zero value starts all three components with short grace
@@ -177,32 +179,89 @@ func (cp *ControlPlane) writeFiles() error {
 }
 
 func (cp *ControlPlane) startEtcd(ctx context.Context) error {
-	ports, err := freePorts(2)
+	httpc := &http.Client{Timeout: 2 * time.Second}
+	_, err := cp.startOnFreePorts(ctx, 2, &cp.etcd, func(ports []int) *process {
+		client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+		peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+		fmt.Fprintf(cp.cfg.Progress, "controlplane: starting etcd on %s\n", client)
+		return &process{
+			name: "etcd", path: cp.cfg.Binaries.Etcd, logPath: filepath.Join(cp.dir, "logs", "etcd.log"),
+			args: []string{
+				"--data-dir", filepath.Join(cp.dir, "etcd"),
+				"--listen-client-urls", client, "--advertise-client-urls", client,
+				"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+				"--initial-cluster", "default=" + peer,
+				"--unsafe-no-fsync", // test data: durability across power loss is not the point
+				"--log-level", "warn",
+			},
+		}
+	}, func(ctx context.Context, ports []int) error {
+		return getOK(ctx, httpc, "http://127.0.0.1:"+strconv.Itoa(ports[0])+"/health", "")
+	})
+	return err
+}
+
+// portAttempts bounds how often a component is started again on fresh ports after another
+// process took one of its ports first.
+const portAttempts = 5
+
+// pickPorts chooses the ports of a component; a test replaces it to hand out a taken port.
+var pickPorts = freePorts
+
+// startOnFreePorts starts a component that must be told its ports up front: etcd,
+// kube-apiserver and kube-controller-manager are not ours and cannot report a port they chose
+// (the processes of ours bind port 0 and are asked, testbin.Process.ListenAddr). Between
+// pickPorts and the child's bind another process can take a port (another test binary of the
+// same `go test -p N`, an outgoing connection's ephemeral port). So the child counts as ready
+// only once it holds every port itself (testbin.Listening): a health probe that reached another
+// process's etcd on that port is never taken for ours. And when the child exits with "address
+// already in use", it is started again on fresh ports. It returns the ports of the run that
+// became ready; the process is in *slot from its first start, for Stop.
+func (cp *ControlPlane) startOnFreePorts(ctx context.Context, n int, slot **process, mk func(ports []int) *process,
+	ready func(ctx context.Context, ports []int) error) ([]int, error) {
+	var err error
+	for range portAttempts {
+		var ports []int
+		if ports, err = pickPorts(n); err != nil {
+			return nil, err
+		}
+		p := mk(ports)
+		if err := p.start(); err != nil {
+			return nil, err
+		}
+		cp.setProc(slot, p)
+		err = p.waitFor(ctx, cp.cfg.StartTimeout, func(ctx context.Context) error {
+			if err := holds(p, ports...); err != nil {
+				return err
+			}
+			return ready(ctx, ports)
+		})
+		if err == nil {
+			return ports, nil
+		}
+		if !p.addressInUse() {
+			return nil, err
+		}
+		_ = p.stop(5 * time.Second)
+		fmt.Fprintf(cp.cfg.Progress, "controlplane: %s: another process took a port of %v; starting it again on fresh ports\n", p.name, ports)
+	}
+	return nil, fmt.Errorf("%d attempts: %w", portAttempts, err)
+}
+
+// holds returns nil when the child p itself listens on every port given.
+func holds(p *process, ports ...int) error {
+	pid := p.pid()
+	if pid == 0 {
+		return errors.New("not running")
+	}
+	ok, err := testbin.Listening(pid, ports...)
 	if err != nil {
 		return err
 	}
-	client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	p := &process{
-		name: "etcd", path: cp.cfg.Binaries.Etcd, logPath: filepath.Join(cp.dir, "logs", "etcd.log"),
-		args: []string{
-			"--data-dir", filepath.Join(cp.dir, "etcd"),
-			"--listen-client-urls", client, "--advertise-client-urls", client,
-			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-			"--initial-cluster", "default=" + peer,
-			"--unsafe-no-fsync", // test data: durability across power loss is not the point
-			"--log-level", "warn",
-		},
+	if !ok {
+		return fmt.Errorf("pid %d does not listen on %v (yet)", pid, ports)
 	}
-	fmt.Fprintf(cp.cfg.Progress, "controlplane: starting etcd on %s\n", client)
-	if err := p.start(); err != nil {
-		return err
-	}
-	cp.setProc(&cp.etcd, p)
-	httpc := &http.Client{Timeout: 2 * time.Second}
-	return p.waitFor(ctx, cp.cfg.StartTimeout, func(ctx context.Context) error {
-		return getOK(ctx, httpc, client+"/health", "")
-	})
+	return nil
 }
 
 func (cp *ControlPlane) apiServerArgs(etcdURL string) []string {
@@ -228,78 +287,76 @@ func (cp *ControlPlane) apiServerArgs(etcdURL string) []string {
 }
 
 func (cp *ControlPlane) startAPIServer(ctx context.Context) error {
-	ports, err := freePorts(1)
-	if err != nil {
-		return err
-	}
-	cp.apiPort = ports[0]
 	etcdURL := ""
 	for i, a := range cp.etcd.args {
 		if a == "--advertise-client-urls" {
 			etcdURL = cp.etcd.args[i+1]
 		}
 	}
-	p := &process{
-		name: "kube-apiserver", path: cp.cfg.Binaries.APIServer,
-		logPath: filepath.Join(cp.dir, "logs", "kube-apiserver.log"),
-		args:    cp.apiServerArgs(etcdURL),
-	}
-	fmt.Fprintf(cp.cfg.Progress, "controlplane: starting kube-apiserver on https://127.0.0.1:%d\n", cp.apiPort)
-	if err := p.start(); err != nil {
+	httpc, err := cp.httpClient()
+	if err != nil {
 		return err
 	}
-	cp.setProc(&cp.api, p)
-	if err := cp.waitAPIServer(ctx, p); err != nil {
+	_, err = cp.startOnFreePorts(ctx, 1, &cp.api, func(ports []int) *process {
+		cp.apiPort = ports[0]
+		fmt.Fprintf(cp.cfg.Progress, "controlplane: starting kube-apiserver on https://127.0.0.1:%d\n", cp.apiPort)
+		return &process{
+			name: "kube-apiserver", path: cp.cfg.Binaries.APIServer,
+			logPath: filepath.Join(cp.dir, "logs", "kube-apiserver.log"),
+			args:    cp.apiServerArgs(etcdURL),
+		}
+	}, func(ctx context.Context, _ []int) error {
+		return getOK(ctx, httpc, cp.URL()+"/readyz", adminToken)
+	})
+	if err != nil {
 		return err
 	}
 	return cp.writeKubeconfig()
 }
 
+// waitAPIServer waits for a restarted kube-apiserver: on its old port, since clients know it.
 func (cp *ControlPlane) waitAPIServer(ctx context.Context, p *process) error {
 	httpc, err := cp.httpClient()
 	if err != nil {
 		return err
 	}
 	return p.waitFor(ctx, cp.cfg.StartTimeout, func(ctx context.Context) error {
+		if err := holds(p, cp.apiPort); err != nil {
+			return err
+		}
 		return getOK(ctx, httpc, cp.URL()+"/readyz", adminToken)
 	})
 }
 
 func (cp *ControlPlane) startControllerManager(ctx context.Context) error {
-	ports, err := freePorts(1)
-	if err != nil {
-		return err
-	}
-	p := &process{
-		name: "kube-controller-manager", path: cp.cfg.Binaries.ControllerManager,
-		logPath: filepath.Join(cp.dir, "logs", "kube-controller-manager.log"),
-		args: []string{
-			"--kubeconfig", cp.kubeconfig,
-			"--authentication-kubeconfig", cp.kubeconfig,
-			"--authorization-kubeconfig", cp.kubeconfig,
-			"--controllers", strings.Join(cp.cfg.Controllers, ","),
-			"--node-monitor-grace-period", cp.cfg.NodeMonitorGracePeriod.String(),
-			"--node-startup-grace-period", cp.cfg.NodeStartupGracePeriod.String(),
-			"--node-monitor-period", cp.cfg.NodeMonitorPeriod.String(),
-			"--leader-elect=false",
-			"--bind-address", "127.0.0.1",
-			"--secure-port", strconv.Itoa(ports[0]),
-			"--cert-dir", filepath.Join(cp.dir, "kcm-certs"),
-			"--use-service-account-credentials=false",
-			"--v", "1",
-		},
-	}
-	fmt.Fprintf(cp.cfg.Progress, "controlplane: starting kube-controller-manager (%s)\n", strings.Join(cp.cfg.Controllers, ","))
-	if err := p.start(); err != nil {
-		return err
-	}
-	cp.setProc(&cp.kcm, p)
 	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // #nosec G402 -- self-signed loopback cert of a test process
 	}}
-	return p.waitFor(ctx, cp.cfg.StartTimeout, func(ctx context.Context) error {
+	_, err := cp.startOnFreePorts(ctx, 1, &cp.kcm, func(ports []int) *process {
+		fmt.Fprintf(cp.cfg.Progress, "controlplane: starting kube-controller-manager (%s)\n", strings.Join(cp.cfg.Controllers, ","))
+		return &process{
+			name: "kube-controller-manager", path: cp.cfg.Binaries.ControllerManager,
+			logPath: filepath.Join(cp.dir, "logs", "kube-controller-manager.log"),
+			args: []string{
+				"--kubeconfig", cp.kubeconfig,
+				"--authentication-kubeconfig", cp.kubeconfig,
+				"--authorization-kubeconfig", cp.kubeconfig,
+				"--controllers", strings.Join(cp.cfg.Controllers, ","),
+				"--node-monitor-grace-period", cp.cfg.NodeMonitorGracePeriod.String(),
+				"--node-startup-grace-period", cp.cfg.NodeStartupGracePeriod.String(),
+				"--node-monitor-period", cp.cfg.NodeMonitorPeriod.String(),
+				"--leader-elect=false",
+				"--bind-address", "127.0.0.1",
+				"--secure-port", strconv.Itoa(ports[0]),
+				"--cert-dir", filepath.Join(cp.dir, "kcm-certs"),
+				"--use-service-account-credentials=false",
+				"--v", "1",
+			},
+		}
+	}, func(ctx context.Context, ports []int) error {
 		return getOK(ctx, insecure, "https://127.0.0.1:"+strconv.Itoa(ports[0])+"/healthz", "")
 	})
+	return err
 }
 
 func (cp *ControlPlane) setProc(slot **process, p *process) {
@@ -511,8 +568,8 @@ func getOK(ctx context.Context, c *http.Client, url, token string) error {
 	return nil
 }
 
-// freePorts asks the kernel for n free loopback ports. There is a window between closing the
-// probe listener and the child binding the port; on loopback in a test sandbox it is harmless.
+// freePorts asks the kernel for n free loopback ports. Another process can take one between
+// closing the probe listener and the child's bind: startOnFreePorts deals with that.
 func freePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {

@@ -27,12 +27,19 @@ type process struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
+	// logStart is the log's size when the current run started: the log is appended to by
+	// every run (a restart, a start on fresh ports), and only this run's lines say why it ended.
+	logStart int64
 }
 
 func (p *process) start() error {
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("open %s log: %w", p.name, err)
+	}
+	var logStart int64
+	if st, err := logf.Stat(); err == nil {
+		logStart = st.Size()
 	}
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Stdout = logf
@@ -43,7 +50,7 @@ func (p *process) start() error {
 	}
 	done := make(chan struct{})
 	p.mu.Lock()
-	p.cmd, p.done, p.err = cmd, done, nil
+	p.cmd, p.done, p.err, p.logStart = cmd, done, nil, logStart
 	p.mu.Unlock()
 	go func() {
 		err := cmd.Wait()
@@ -122,6 +129,19 @@ func (p *process) logTail(n int) string {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
 	return tail(string(data), n)
+}
+
+// addressInUse reports whether the current run's log says a port it was given was taken
+// ("bind: address already in use", as etcd, kube-apiserver and kube-controller-manager put it).
+func (p *process) addressInUse() bool {
+	p.mu.Lock()
+	start := p.logStart
+	p.mu.Unlock()
+	data, err := os.ReadFile(p.logPath)
+	if err != nil || int64(len(data)) < start {
+		return false
+	}
+	return strings.Contains(string(data[start:]), "address already in use")
 }
 
 // waitFor polls ready until it succeeds, the child exits, or timeout; the error carries the

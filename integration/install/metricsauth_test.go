@@ -190,18 +190,12 @@ func TestRemediatorBinaryServesSecureMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	// No --metrics-secure flag: the default must be the secure server. Dry-run (the built-in
 	// configuration) never calls EC2; the endpoint and credentials only keep the SDK off IMDS.
 	p, err := testbin.Start("nodevigil-remediator", bin, []string{
 		"--kubeconfig", kubeconfig,
 		"--namespace", namespace,
-		"--listen-address", addr,
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--ec2-endpoint", "http://127.0.0.1:1",
 		"--aws-region", "us-east-1",
 		"--log-format", "text",
@@ -217,6 +211,12 @@ func TestRemediatorBinaryServesSecureMetrics(t *testing.T) {
 			t.Logf("remediator log:\n%s", p.LogTail(80))
 		}
 	})
+	listenCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	addr, err := p.ListenAddr(listenCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	cfgAllowed, err := cp.ServiceAccountConfig(ctx, ns, "prometheus", controlplane.TokenOptions{})
 	if err != nil {

@@ -275,6 +275,21 @@ func (e *env) hasEvent(node, reason string) bool {
 	return false
 }
 
+// eventMessageHas reports whether an Event with reason about node has a message containing
+// text.
+func (e *env) eventMessageHas(node, reason, text string) bool {
+	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+	if err != nil {
+		return false
+	}
+	for _, ev := range evs.Items {
+		if ev.Reason == reason && strings.Contains(ev.Message, text) {
+			return true
+		}
+	}
+	return false
+}
+
 // podOn creates a pod bound to the node, optionally annotated do-not-disrupt.
 func (e *env) podOn(node string, doNotDisrupt bool) *corev1.Pod {
 	e.t.Helper()

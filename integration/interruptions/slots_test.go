@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -51,17 +50,11 @@ policies:
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		e.t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.addr = l.Addr().String()
-	l.Close()
 	p, err := testbin.Start("remediator-"+e.ns, remediatorBin, append([]string{
 		"--kubeconfig", cp.KubeconfigPath(),
 		"--namespace", e.ns,
 		"--config", path,
-		"--listen-address", e.addr,
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--metrics-secure=false",
 		"--ec2-endpoint", e.emu.URL(),
 		"--aws-region", "us-east-1",
@@ -82,6 +75,11 @@ policies:
 			e.t.Logf("remediator log:\n%s", p.LogTail(120))
 		}
 	})
+	listenCtx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
+	defer cancel()
+	if e.addr, err = p.ListenAddr(listenCtx); err != nil {
+		e.t.Fatal(err)
+	}
 	e.eventually("remediator ready", 60*time.Second, func(ctx context.Context) (bool, error) {
 		if exited, err := p.Exited(); exited {
 			return false, fmt.Errorf("remediator exited: %v\n%s", err, p.LogTail(30))

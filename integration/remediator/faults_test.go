@@ -249,9 +249,7 @@ func TestLeaderKilledAroundTerminateInstances(t *testing.T) {
 			if got := e.emu.Calls("TerminateInstances"); got != wantCalls {
 				t.Errorf("the emulator received %d TerminateInstances requests, want %d", got, wantCalls)
 			}
-			if !e.hasEvent(dead.name, "InstanceTerminated") {
-				t.Errorf("no InstanceTerminated event; events %v", e.eventReasons(dead.name))
-			}
+			e.expectEvent(dead.name, "InstanceTerminated")
 			for _, n := range others {
 				if why := e.touched(n); why != "" {
 					t.Errorf("healthy node %s: %s", n.name, why)
@@ -356,9 +354,7 @@ func TestDoNotDisruptPodProceedsAtDrainTimeout(t *testing.T) {
 	if got, err := e.client.CoreV1().Pods(e.ns).Get(t.Context(), pod.Name, metav1.GetOptions{}); err != nil || got.DeletionTimestamp != nil {
 		t.Errorf("do-not-disrupt pod was evicted: %v", err)
 	}
-	if !e.hasEvent(a.name, "DrainTimedOut") || !e.hasEvent(a.name, "DoNotDisrupt") {
-		t.Errorf("want DoNotDisrupt and DrainTimedOut events; got %v", e.eventReasons(a.name))
-	}
+	e.expectEvent(a.name, "DoNotDisrupt", "DrainTimedOut")
 	e.terminatedOnce(a, time.Minute)
 }
 
@@ -395,9 +391,7 @@ func TestUnauthorizedInstanceIsBlockedAndDoesNotHoldThePool(t *testing.T) {
 	if obj.Spec.Unschedulable || tainted || obj.Annotations[stateKey] != "" {
 		t.Errorf("Blocked node not handed back: unschedulable %v, tainted %v, state %q", obj.Spec.Unschedulable, tainted, obj.Annotations[stateKey])
 	}
-	if !e.hasEvent(denied.name, "Unauthorized") {
-		t.Errorf("no Unauthorized event; events %v", e.eventReasons(denied.name))
-	}
+	e.expectEvent(denied.name, "Unauthorized")
 
 	second.set(false, false)
 	e.terminatedOnce(second, 90*time.Second)

@@ -243,9 +243,7 @@ func TestStartupTaintBackOnReadyNodeIsNoStartupFailure(t *testing.T) {
 
 	// The never-ready node is replaced once its deadline passed: the deadline is live.
 	e.terminatedOnce(neverReady, 60*time.Second)
-	if !e.hasEvent(neverReady.name, "StartupDeadlineExceeded") {
-		t.Errorf("never-ready node terminated without a StartupDeadlineExceeded event: %v", e.eventReasons(neverReady.name))
-	}
+	e.expectEvent(neverReady.name, "StartupDeadlineExceeded")
 
 	obj, err := e.node(ready.name)
 	if err != nil {
@@ -312,9 +310,7 @@ func TestFirstReadyLostOnLeaderChangeIsNoStartupFailure(t *testing.T) {
 		return e.terminations(neverReady.instanceID) > 0
 	}, lost, first)
 	e.terminatedOnce(neverReady, 60*time.Second)
-	if !e.hasEvent(neverReady.name, "StartupDeadlineExceeded") {
-		t.Errorf("never-ready node terminated without a StartupDeadlineExceeded event: %v", e.eventReasons(neverReady.name))
-	}
+	e.expectEvent(neverReady.name, "StartupDeadlineExceeded")
 	if e.hasEvent(lost.name, "StartupDeadlineExceeded") {
 		t.Errorf("StartupDeadlineExceeded on a node that was ready; events: %v", e.eventReasons(lost.name))
 	}

@@ -53,9 +53,7 @@ func TestForeignInstanceIsBlockedAndDoesNotHoldThePool(t *testing.T) {
 	if obj.Spec.Unschedulable || obj.Annotations[stateKey] != "" {
 		t.Errorf("Blocked node still in the pipeline: unschedulable %v, state %q", obj.Spec.Unschedulable, obj.Annotations[stateKey])
 	}
-	if !e.hasEvent(foreign.name, "InstanceNotOwned") {
-		t.Errorf("no InstanceNotOwned event; events %v", e.eventReasons(foreign.name))
-	}
+	e.expectEvent(foreign.name, "InstanceNotOwned")
 
 	second.set(false, false)
 	e.eventually("the second dead node terminated", 60*time.Second, func(context.Context) (bool, error) {

@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,17 +179,11 @@ func indent(s, prefix string) string {
 // takes the last value).
 func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	e.t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	p, err := testbin.Start(name, remediatorBin, append([]string{
 		"--kubeconfig", e.cp.KubeconfigPath(),
 		"--namespace", e.ns,
 		"--config", configPath,
-		"--listen-address", addr,
+		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
 		"--metrics-secure=false", // these tests scrape plain HTTP; integration/install tests the secure server
 		"--ec2-endpoint", e.emu.URL(),
 		"--aws-region", "us-east-1",
@@ -206,7 +199,7 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r := &replica{name: name, proc: p, metrics: "http://" + addr}
+	r := &replica{name: name, proc: p}
 	e.replicas = append(e.replicas, r)
 	e.t.Cleanup(func() {
 		_ = p.Stop(10 * time.Second)
@@ -214,6 +207,13 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 			e.t.Logf("%s log:\n%s", name, p.LogTail(60))
 		}
 	})
+	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
+	defer cancel()
+	addr, err := p.ListenAddr(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r.metrics = "http://" + addr
 	return r
 }
 
@@ -370,6 +370,25 @@ func (e *env) hasEvent(node, reason string) bool {
 		}
 	}
 	return false
+}
+
+// expectEvent waits for Events with every one of reasons about node. The recorder writes
+// Events through a queue after the state they report, so checking once, right after that
+// state was seen, races with it (session 6 CI failed on exactly that).
+func (e *env) expectEvent(node string, reasons ...string) {
+	e.t.Helper()
+	const timeout = 30 * time.Second
+	err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		for _, r := range reasons {
+			if !e.hasEvent(node, r) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		e.t.Errorf("no %v Event about %s within %v; events %v", reasons, node, timeout, e.eventReasons(node))
+	}
 }
 
 func (e *env) eventReasons(node string) []string {
@@ -564,9 +583,7 @@ func TestDoNotDisruptHoldsTheDrain(t *testing.T) {
 	e.never("termination while a do-not-disrupt pod runs", 25*time.Second, func(context.Context) bool {
 		return e.terminations(a.instanceID) > 0
 	})
-	if !e.hasEvent(a.name, "DoNotDisrupt") {
-		t.Errorf("no DoNotDisrupt event; events: %v", e.eventReasons(a.name))
-	}
+	e.expectEvent(a.name, "DoNotDisrupt")
 	if _, err := e.client.CoreV1().Pods(e.ns).Get(t.Context(), pod.Name, metav1.GetOptions{}); err != nil {
 		t.Errorf("do-not-disrupt pod was evicted: %v", err)
 	}
@@ -675,9 +692,7 @@ func TestRecoveringNodeIsReleased(t *testing.T) {
 		tainted := slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool { return t.Key == remediateTaint })
 		return !obj.Spec.Unschedulable && !tainted && obj.Annotations[stateKey] == "", nil
 	})
-	if !e.hasEvent(a.name, "Released") {
-		t.Errorf("no Released event; events: %v", e.eventReasons(a.name))
-	}
+	e.expectEvent(a.name, "Released")
 	if got := e.terminations(a.instanceID); got != 0 {
 		t.Errorf("recovered node's instance terminated %d times", got)
 	}

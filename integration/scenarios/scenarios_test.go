@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -151,15 +150,9 @@ func newWorld(t *testing.T, id string, pools []fleet.PoolSpec, tweaks ...func(*f
 // startRemediator runs one remediator replica and waits until it is ready.
 func (w *world) startRemediator(name string) *testbin.Process {
 	w.t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
 	p, err := testbin.Start(name, remediatorBin, []string{
 		"--kubeconfig", cp.KubeconfigPath(), "--namespace", w.ns, "--config", w.cfg,
-		"--listen-address", addr, "--metrics-secure=false", "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
+		"--listen-address", "127.0.0.1:0", "--metrics-secure=false", "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
 		"--resync-period", "10s", "--termination-confirm-delay", "2s", "--scheduled-events-interval", "10s",
@@ -169,13 +162,20 @@ func (w *world) startRemediator(name string) *testbin.Process {
 		w.t.Fatal(err)
 	}
 	w.rems = append(w.rems, p)
-	w.metrics = append(w.metrics, "http://"+addr+"/metrics")
 	w.t.Cleanup(func() {
 		_ = p.Stop(10 * time.Second)
 		if w.t.Failed() {
 			w.t.Logf("%s log:\n%s", name, p.LogTail(60))
 		}
 	})
+	// The port the replica bound itself is read back: no other process can take it first.
+	ctx, cancel := context.WithTimeout(w.t.Context(), 60*time.Second)
+	defer cancel()
+	addr, err := p.ListenAddr(ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.metrics = append(w.metrics, "http://"+addr+"/metrics")
 	w.eventually(name+" serving /healthz", 30*time.Second, func() bool {
 		if exited, err := p.Exited(); exited {
 			w.t.Fatalf("%s exited: %v\n%s", name, err, p.LogTail(20))

@@ -177,6 +177,11 @@ type Input struct {
 	// record: the annotation is written lazily (see Decision.PersistFirstReady), and until it
 	// is, the leader's memory is what keeps the startup deadline off a node once ready.
 	SeenReadyAt time.Time
+	// ScheduledEvents are the active scheduled events EC2 lists for the node's instance
+	// (DescribeInstanceStatus), added to those the agent's NoScheduledEvent condition reports. A
+	// node that goes silent inside a scheduled reboot's window is tolerated
+	// ScheduledRebootToleration: AWS is rebooting it.
+	ScheduledEvents []ScheduledEvent
 	// NoMessage skips formatting the Lease parts of Decision.Message and the whole message of a
 	// healthy node, so the message is empty or incomplete; every other field is the same. The safety rails' census judges every node
 	// and reads only the verdict: formatting times and messages for 10,000 healthy nodes was a
@@ -571,14 +576,14 @@ func verdict(in Input) Decision {
 			}
 		}
 		since := later(ag.at, kub.at)
-		return due(Decision{
+		return due(tolerateReboot(in, Decision{
 			Reason:     ReasonNodeSilent,
 			Message:    fmt.Sprintf("%s and %s: both heartbeats silent since %s; silentNode toleration %s", ag.what, kub.what, ts(since), tol.SilentNode),
 			Since:      since,
 			EligibleAt: since.Add(tol.SilentNode),
 			Unhealthy:  true,
 			Silent:     true,
-		}, now)
+		}), now)
 	}
 
 	// The agent is alive, so its conditions are current.
@@ -608,12 +613,12 @@ func verdict(in Input) Decision {
 		if c := condition(node, ConditionKubeletHealthy); c != nil && c.Status == corev1.ConditionFalse {
 			evidence = append(evidence, fmt.Sprintf("the agent reports KubeletHealthy=False (%s: %s)", c.Reason, c.Message))
 		}
-		cands = append(cands, Decision{
+		cands = append(cands, tolerateReboot(in, Decision{
 			Reason:     ReasonKubeletUnhealthy,
 			Message:    fmt.Sprintf("%s while %s; kubeletUnhealthy toleration %s from %s", strings.Join(evidence, " and "), ag.what, tol.KubeletUnhealthy, ts(kubSince)),
 			Since:      kubSince,
 			EligibleAt: kubSince.Add(tol.KubeletUnhealthy),
-		})
+		}))
 	}
 	for _, typ := range sortedKeys(tol.Conditions) {
 		c := condition(node, corev1.NodeConditionType(typ))

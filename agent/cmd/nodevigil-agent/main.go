@@ -52,6 +52,7 @@ import (
 	"github.com/nodevigil/nodevigil/agent"
 	"github.com/nodevigil/nodevigil/agent/config"
 	"github.com/nodevigil/nodevigil/agent/kubeclient"
+	"github.com/nodevigil/nodevigil/agent/residency"
 	"github.com/nodevigil/nodevigil/collectors"
 	"github.com/nodevigil/nodevigil/collectors/cni"
 	"github.com/nodevigil/nodevigil/collectors/imds"
@@ -128,6 +129,19 @@ func gogc(envSet bool) int {
 		return -1
 	}
 	return gcPercent
+}
+
+// releaseStartup gives back what only start-up needed, once the first conditions are on the
+// Node: the mappings of the binary's read-only pages and the start-up heap (package
+// residency; docs/benchmarks.md, "Where the agent's memory goes"). A failure costs memory,
+// not function, so it is logged and the agent goes on.
+func releaseStartup(log *slog.Logger) {
+	st, err := residency.Release()
+	if err != nil {
+		log.Warn("release start-up memory failed", "err", err)
+		return
+	}
+	log.Debug("start-up memory released", "mappings", st.Mappings, "binary_resident_before", st.Before, "binary_resident_after", st.After)
 }
 
 // checkBuilder builds the checks from the configuration and returns a function releasing
@@ -343,6 +357,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 		Repairer:             rep,
 		Wake:                 wake,
 		Collectors:           extra,
+		Started:              func() { releaseStartup(log) },
 		ListenAddress:        cfg.ListenAddress,
 		Logger:               log,
 	})

@@ -191,6 +191,12 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 			return err
 		}
 	}
+	// Context switches: a count, not a time, so robust to the machine's load: mostly the
+	// agent's wake-ups (each costs the runtime's sysmon thread a few more).
+	cs0, ocs0 := switches(agent.Pid()), int64(0)
+	if other != nil {
+		ocs0 = switches(other.Pid())
+	}
 	tokens0, reads0 := emu.IMDSCalls(instanceID)
 	start := time.Now()
 	var rss, anon, file, orss, oanon, ofile []int64
@@ -229,6 +235,10 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 			return err
 		}
 	}
+	cs1, ocs1 := switches(agent.Pid()), int64(0)
+	if other != nil {
+		ocs1 = switches(other.Pid())
+	}
 	for _, v := range [][]int64{rss, anon, file, orss, oanon, ofile} {
 		slices.Sort(v)
 	}
@@ -242,11 +252,13 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	fmt.Printf("| of which anonymous (heap, stacks) | %.1f MiB |\n", mib(anon[len(anon)/2]))
 	fmt.Printf("| of which file-backed (binary pages) | %.1f MiB |\n", mib(file[len(file)/2]))
 	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
+	fmt.Printf("| context switches, all threads (a count: robust to load) | %.0f per minute |\n", float64(cs1-cs0)/minutes)
 	if other != nil {
 		omcpu := float64(ocpu1-ocpu0) / ticksPerSecond / elapsed.Seconds() * 1000
 		fmt.Printf("| same build, AWS event checks off (`imds.disabled: true`), same window: RSS median (max) | %.1f MiB (%.1f MiB); anonymous %.1f MiB, file-backed %.1f MiB |\n",
 			mib(orss[len(orss)/2]), mib(orss[len(orss)-1]), mib(oanon[len(oanon)/2]), mib(ofile[len(ofile)/2]))
 		fmt.Printf("| same, CPU average | %.2f mCPU |\n", omcpu)
+		fmt.Printf("| same, context switches | %.0f per minute |\n", float64(ocs1-ocs0)/minutes)
 		fmt.Printf("| IMDS watcher's cost (difference) | RSS %+.1f MiB median, CPU %+.2f mCPU |\n", mib(rss[len(rss)/2]-orss[len(orss)/2]), mcpu-omcpu)
 		fmt.Printf("| note | the API rows below count both agents' requests |\n")
 	}
@@ -382,6 +394,29 @@ func freeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
+}
+
+// switches is the voluntary and involuntary context switches of every thread of pid (0 when
+// /proc cannot be read: the row then shows nonsense rather than failing the run).
+func switches(pid int) int64 {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			if f := strings.Fields(line); len(f) == 2 && strings.HasSuffix(f[0], "ctxt_switches:") {
+				v, _ := strconv.ParseInt(f[1], 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
 }
 
 func cpuTicks(pid int) (int64, error) {

@@ -19,7 +19,7 @@ INTEGRATION_TIMEOUT ?= 30m
 TESTP       ?= 4
 # The longest integration packages, named first so that go test builds and starts them first
 # (it schedules packages in the order given); ./... adds the rest once.
-SLOW_PKGS   := $(patsubst %/,./%,$(wildcard integration/remediator/ integration/scenarios/ integration/interruptions/ integration/awsevents/ integration/images/ integration/install/ integration/plugin/ integration/agent/))
+SLOW_PKGS   := $(patsubst %/,./%,$(wildcard integration/outage/ integration/remediator/ integration/scenarios/ integration/interruptions/ integration/awsevents/ integration/images/ integration/install/ integration/plugin/ integration/agent/))
 # Every build that is not a -race test builds static (CGO_ENABLED=0) with -trimpath, as the
 # container images must: one compiled copy of the dependencies serves the images, the binaries
 # the end-to-end tests run, and the harness commands (make control-plane, make kwok, tools).

@@ -226,7 +226,8 @@ type IMDSConfig struct {
 	// EventInterval is how often scheduled events and the ASG lifecycle state are read
 	// (default 1m).
 	EventInterval metav1.Duration `json:"eventInterval,omitempty"`
-	// Timeout bounds one read, session token included (default 5s, as AWS recommends).
+	// Timeout bounds one read, session token included (default 2s, imds.DefaultTimeout: the
+	// service answers on the instance itself, so a slower read is a failure worth retrying).
 	Timeout metav1.Duration `json:"timeout,omitempty"`
 	// MaxBackoff caps the retry delay while the service cannot be read (default 5m).
 	MaxBackoff metav1.Duration `json:"maxBackoff,omitempty"`

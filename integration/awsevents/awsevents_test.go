@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/nodevigil/nodevigil/integration/awsevents"
+	"github.com/nodevigil/nodevigil/integration/clusterenv"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
@@ -136,13 +137,7 @@ func (w *world) eventually(what string, timeout time.Duration, nodes []*awsevent
 // never fails the test if cond holds at any poll during d.
 func (w *world) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond(w.t.Context()) {
-			w.t.Fatalf("%s happened", what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	clusterenv.Judge{T: w.t}.Never(what, d, cond)
 }
 
 func (w *world) node(n *awsevents.Node) *corev1.Node {

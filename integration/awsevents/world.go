@@ -23,18 +23,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodevigil/nodevigil/integration/clusterenv"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
@@ -182,9 +179,6 @@ func (w *World) AddNode(ctx context.Context, pool, lifecycle string, opts AgentO
 		Pool:       pool,
 		w:          w,
 	}
-	if err := w.EC2.AddInstance(ec2emu.Instance{ID: n.InstanceID, Zone: Zone, Lifecycle: lifecycle, Tags: map[string]string{ClusterTag: "owned"}}); err != nil {
-		return nil, err
-	}
 	imdsURL := ""
 	if opts.Unreachable {
 		addr, release, err := testbin.RefusedAddr() // held: nothing can start listening there
@@ -198,27 +192,24 @@ func (w *World) AddNode(ctx context.Context, pool, lifecycle string, opts AgentO
 		w.addCloser(srv.Close)
 		imdsURL = srv.URL
 	}
-	nodes := w.cl.Client.CoreV1().Nodes()
-	created, err := nodes.Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{WorldLabel: w.NS, PoolLabel: pool, ZoneLabel: Zone}},
-		Spec:       corev1.NodeSpec{ProviderID: "aws:///" + Zone + "/" + n.InstanceID},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("create node %s: %w", n.Name, err)
+	created, err := clusterenv.CreateNode(ctx, w.cl.Client, w.EC2, clusterenv.NodeSpec{
+		Name: n.Name, InstanceID: n.InstanceID, Zone: Zone, Lifecycle: lifecycle, ClusterTag: ClusterTag,
+		Labels: map[string]string{WorldLabel: w.NS, PoolLabel: pool},
+	})
+	if created != nil {
+		w.mu.Lock()
+		w.nodes = append(w.nodes, n)
+		w.mu.Unlock()
 	}
-	w.mu.Lock()
-	w.nodes = append(w.nodes, n)
-	w.mu.Unlock()
-	now := time.Now().UTC().Format(time.RFC3339)
-	status := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}]}}`, now)
-	if _, err := nodes.PatchStatus(ctx, n.Name, []byte(status)); err != nil {
-		return nil, fmt.Errorf("set node %s status: %w", n.Name, err)
+	if err != nil {
+		return nil, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		w.renewKubeletLease(rctx, created)
+		// The kubelet's node Lease (the agent renews its own).
+		clusterenv.RenewLease(rctx, w.cl.Client, clusterenv.Lease{Namespace: clusterenv.KubeletLeaseNamespace, Node: created, Duration: 40 * time.Second, Interval: 5 * time.Second})
 	}()
 	w.addCloser(func() { cancel(); <-done })
 	if err := n.startAgent(imdsURL, opts); err != nil {
@@ -354,34 +345,6 @@ func (n *Node) startAgent(imdsURL string, opts AgentOptions) error {
 	return nil
 }
 
-// renewKubeletLease plays the kubelet's node Lease until ctx ends.
-func (w *World) renewKubeletLease(ctx context.Context, node *corev1.Node) {
-	leases := w.cl.Client.CoordinationV1().Leases("kube-node-lease")
-	dur := int32(40)
-	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		now := metav1.NewMicroTime(time.Now())
-		l, err := leases.Get(ctx, node.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			_, _ = leases.Create(ctx, &coordinationv1.Lease{
-				ObjectMeta: metav1.ObjectMeta{Name: node.Name, Namespace: "kube-node-lease", OwnerReferences: owner},
-				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &node.Name, LeaseDurationSeconds: &dur, RenewTime: &now},
-			}, metav1.CreateOptions{})
-		case err == nil:
-			l.Spec.RenewTime = &now
-			_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // PolicyFor returns a remediator policy (YAML list item) selecting this World's nodes of pool,
 // with remediation off, a quick drain, and body (more policy fields, YAML, may be empty).
 func (w *World) PolicyFor(pool, body string) string {
@@ -412,43 +375,18 @@ func (w *World) StartRemediator(ctx context.Context, policies string, extra ...s
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err
 	}
-	p, err := testbin.Start("remediator-"+w.NS, w.cl.RemediatorBin, append([]string{
-		"--kubeconfig", w.cl.Kubeconfig,
-		"--namespace", w.NS,
-		"--config", path,
-		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
-		"--metrics-secure=false",
-		"--ec2-endpoint", w.EC2.URL(),
-		"--aws-region", "us-east-1",
-		"--cluster-tag-key", ClusterTag,
-		"--leader-elect=false",
-		"--log-format", "text",
-		"--log-level", cmpOr(w.RemediatorLogLevel, "debug"),
-	}, extra...), "POD_NAME=remediator-"+w.NS, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
+	p, addr, err := clusterenv.StartRemediator(ctx, clusterenv.Remediator{
+		Name: "remediator-" + w.NS, Bin: w.cl.RemediatorBin, Kubeconfig: w.cl.Kubeconfig, Namespace: w.NS, Config: path,
+		EC2URL: w.EC2.URL(), ClusterTag: ClusterTag, LogLevel: w.RemediatorLogLevel,
+		Flags: append([]string{"--leader-elect=false"}, extra...),
+	})
 	if err != nil {
-		return err
-	}
-	addr, err := p.ListenAddr(ctx)
-	if err != nil {
-		_ = p.Stop(10 * time.Second)
 		return err
 	}
 	w.mu.Lock()
 	w.remediator, w.remAddr = p, addr
 	w.mu.Unlock()
-	for {
-		if exited, err := p.Exited(); exited {
-			return fmt.Errorf("remediator exited: %v\n%s", err, p.LogTail(30))
-		}
-		if testbin.HTTPStatus(ctx, "http://"+addr+"/readyz") == http.StatusOK {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("remediator not ready: %w\n%s", ctx.Err(), p.LogTail(30))
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return clusterenv.WaitReady(ctx, "remediator-"+w.NS, p, addr, 10*time.Minute)
 }
 
 // Remediator is the World's remediator process (nil before StartRemediator).
@@ -481,17 +419,7 @@ func Condition(obj *corev1.Node, typ string) *corev1.NodeCondition {
 
 // HasEvent says whether an Event with reason (and type, when not empty) names the node.
 func (w *World) HasEvent(ctx context.Context, node, typ, reason string) (bool, error) {
-	evs, err := w.cl.Client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", node).String()})
-	if err != nil {
-		return false, err
-	}
-	for _, e := range evs.Items {
-		if e.Reason == reason && (typ == "" || e.Type == typ) {
-			return true, nil
-		}
-	}
-	return false, nil
+	return clusterenv.HasEvent(ctx, w.cl.Client, node, typ, reason)
 }
 
 // ErrAgentExited is returned by the waits when a node's agent died.
@@ -505,13 +433,6 @@ func (n *Node) AgentAlive() error {
 	return nil
 }
 
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
-
 // RemediatorMetric returns the value of the remediator's metric sample whose line starts with
 // series (name and labels exactly as exposed, e.g.
 // `nodevigil_remediator_scheduled_event_polls_total{result="ok"}`), read from its /metrics.
@@ -519,23 +440,12 @@ func (w *World) RemediatorMetric(ctx context.Context, series string) (float64, e
 	w.mu.Lock()
 	addr := w.remAddr
 	w.mu.Unlock()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return 0, err
+	code, body := clusterenv.Get(ctx, "http://"+addr+"/metrics")
+	if code != http.StatusOK {
+		return 0, fmt.Errorf("read remediator metrics: status %d", code)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("read remediator metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("read remediator metrics: %w", err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		}
+	if v := clusterenv.MetricValue(body, series); v >= 0 {
+		return v, nil
 	}
 	return 0, fmt.Errorf("remediator metrics have no %s", series)
 }

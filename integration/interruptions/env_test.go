@@ -15,21 +15,18 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodevigil/nodevigil/integration/clusterenv"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
@@ -93,11 +90,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
-	if err := emu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
+	emu := clusterenv.StartEmulator(t)
 	return &env{t: t, client: c, ns: ns, pool: ns, emu: emu}
 }
 
@@ -108,102 +101,42 @@ func (e *env) start(poolYAML string, extra ...string) {
 	e.startPolicyMode(false, "action: None\ndrain: {timeout: 20s, honorDoNotDisrupt: true}\n"+poolYAML, extra...)
 }
 
-func indent(s, prefix string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	for i, l := range lines {
-		lines[i] = prefix + l
-	}
-	return strings.Join(lines, "\n")
-}
-
-func httpOK(ctx context.Context, url string) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return false
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
 // simNode is a Node whose kubelet and agent Leases the test renews.
 type simNode struct {
 	name       string
 	instanceID string
 }
 
-var nodeSeq struct {
-	sync.Mutex
-	n int
-}
-
 // addNode creates a Ready Node in the pool, its EC2 instance (spot when lifecycle is "spot"),
 // and renews its kubelet and agent Leases until the test ends.
 func (e *env) addNode(lifecycle string) *simNode {
 	e.t.Helper()
-	ctx := e.t.Context()
-	nodeSeq.Lock()
-	nodeSeq.n++
-	seq := nodeSeq.n
-	nodeSeq.Unlock()
-	id := fmt.Sprintf("i-%017x", time.Now().UnixNano()&0xffffffffffff<<8|int64(seq&0xff))
-	n := &simNode{name: fmt.Sprintf("%s-n%d", e.pool, seq), instanceID: id}
-	const zone = "us-east-1a"
-	if err := e.emu.AddInstance(ec2emu.Instance{ID: id, Zone: zone, Lifecycle: lifecycle, Tags: map[string]string{clusterTag: "owned"}}); err != nil {
-		e.t.Fatal(err)
-	}
-	created, err := e.client.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{poolLabel: e.pool, zoneLabel: zone}},
-		Spec:       corev1.NodeSpec{ProviderID: "aws:///" + zone + "/" + id},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		e.t.Fatalf("create node: %v", err)
-	}
-	now := time.Now().UTC().Format(time.RFC3339)
-	status := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}]}}`, now)
-	if _, err := e.client.CoreV1().Nodes().PatchStatus(ctx, n.name, []byte(status)); err != nil {
-		e.t.Fatalf("set node status: %v", err)
-	}
-	e.t.Cleanup(func() {
-		_ = e.client.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
-	})
-	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: created.Name, UID: created.UID}}
-	go e.renew(ctx, n, "kube-node-lease", owner)
-	go e.renew(ctx, n, e.ns, owner)
+	n, _ := e.addSilenceableNode(lifecycle)
 	return n
 }
 
-func (e *env) renew(ctx context.Context, n *simNode, ns string, owner []metav1.OwnerReference) {
-	leases := e.client.CoordinationV1().Leases(ns)
-	dur := int32(leaseSeconds)
-	labels := map[string]string{}
-	if ns != "kube-node-lease" {
-		labels["nodevigil.io/node"] = n.name
+// addSilenceableNode is addNode whose heartbeats (kubelet and agent Leases) stop when the
+// returned function is called: a node that dies.
+func (e *env) addSilenceableNode(lifecycle string) (*simNode, func()) {
+	e.t.Helper()
+	ctx, stop := context.WithCancel(e.t.Context())
+	seq := clusterenv.NextSeq()
+	n := &simNode{name: fmt.Sprintf("%s-n%d", e.pool, seq), instanceID: clusterenv.InstanceID(seq)}
+	created, err := clusterenv.CreateNode(ctx, e.client, e.emu, clusterenv.NodeSpec{
+		Name: n.name, InstanceID: n.instanceID, Zone: "us-east-1a", Lifecycle: lifecycle, ClusterTag: clusterTag,
+		Labels: map[string]string{poolLabel: e.pool},
+	})
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	t := time.NewTicker(heartbeat)
-	defer t.Stop()
-	for {
-		now := metav1.NewMicroTime(time.Now())
-		l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			_, _ = leases.Create(ctx, &coordinationv1.Lease{
-				ObjectMeta: metav1.ObjectMeta{Name: n.name, Namespace: ns, Labels: labels, OwnerReferences: owner},
-				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &n.name, LeaseDurationSeconds: &dur, RenewTime: &now},
-			}, metav1.CreateOptions{})
-		case err == nil:
-			l.Spec.RenewTime = &now
-			_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	e.t.Cleanup(func() {
+		stop()
+		_ = e.client.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
+	})
+	for _, ns := range []string{clusterenv.KubeletLeaseNamespace, e.ns} {
+		go clusterenv.RenewLease(ctx, e.client, clusterenv.Lease{Namespace: ns, Node: created, Duration: leaseSeconds * time.Second, Interval: heartbeat})
 	}
+	return n, stop
 }
 
 // setCondition writes a Node condition as the agent does: a strategic merge keyed by type.
@@ -245,49 +178,25 @@ func (e *env) cordoned(nodes ...*simNode) []*simNode {
 // eventually polls cond until it holds or timeout passes.
 func (e *env) eventually(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
 	e.t.Helper()
-	if err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, cond); err != nil {
-		e.t.Fatalf("waiting for %s: %v", what, err)
-	}
+	clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}.Eventually(what, timeout, cond)
 }
 
 // never asserts that cond stays false for the whole of d.
 func (e *env) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond(e.t.Context()) {
-			e.t.Fatalf("%s happened", what)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}.Never(what, d, cond)
 }
 
 func (e *env) hasEvent(node, reason string) bool {
-	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-	if err != nil {
-		return false
-	}
-	for _, ev := range evs.Items {
-		if ev.Reason == reason {
-			return true
-		}
-	}
-	return false
+	ok, _ := clusterenv.HasEvent(e.t.Context(), e.client, node, "", reason)
+	return ok
 }
 
 // eventMessageHas reports whether an Event with reason about node has a message containing
 // text.
 func (e *env) eventMessageHas(node, reason, text string) bool {
-	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-	if err != nil {
-		return false
-	}
-	for _, ev := range evs.Items {
-		if ev.Reason == reason && strings.Contains(ev.Message, text) {
-			return true
-		}
-	}
-	return false
+	evs, err := clusterenv.Events(e.t.Context(), e.client, node)
+	return err == nil && slices.ContainsFunc(evs, func(ev corev1.Event) bool { return ev.Reason == reason && strings.Contains(ev.Message, text) })
 }
 
 // podOn creates a pod bound to the node, optionally annotated do-not-disrupt.

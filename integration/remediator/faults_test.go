@@ -7,7 +7,6 @@ package remediator_test
 import (
 	"context"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,132 +34,9 @@ const (
 	silentNodeT = 3 * time.Second // faultPolicy's silentNode toleration
 )
 
-// metricSum adds up every sample of the metric name whose label set contains all of labels
-// (each `key="value"`); -1 if the metric has no such sample.
-func metricSum(body, name string, labels ...string) float64 {
-	sum, found := 0.0, false
-	for _, l := range strings.Split(body, "\n") {
-		series, val, ok := strings.Cut(l, " ")
-		if !ok || (series != name && !strings.HasPrefix(series, name+"{")) {
-			continue
-		}
-		match := true
-		for _, lb := range labels {
-			if !strings.Contains(series, lb) {
-				match = false
-			}
-		}
-		if !match {
-			continue
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
-			sum, found = sum+v, true
-		}
-	}
-	if !found {
-		return -1
-	}
-	return sum
-}
-
 func (e *env) metrics(r *replica) string {
 	_, body := httpGet(e.t.Context(), r.metrics+"/metrics")
 	return body
-}
-
-// TestAPIServerOutageTerminatesNothing: kube-apiserver is stopped for outage and started again
-// on the same port with the same etcd; the remediator reaches it through apiProxy, which also
-// refuses its connections meanwhile. When the API server is back the proxy lets everything
-// through but the remediator's Lease lists and watches, until its Node informer is back and
-// staleness + toleration have passed twice: that is where client-go leaves a process after a
-// long outage (each reflector backs off on its own, up to 30 s doubled by jitter), with Node
-// writes and EC2 calls working while the Lease cache is still from before the outage. Only the
-// blindness guard (remediation/observe.go) keeps the healthy nodes then: their Leases have not
-// been seen changing for the whole outage. Without it they are terminated (checked by removing
-// it); the reflector's random backoff alone let the old judgement pass this test by luck.
-//
-// The issue asks for 10 minutes. What the judgement compares the outage with is the Lease
-// duration plus grace plus toleration on the remediator's clock (3 s + 0.75 s + 3 s here); 20 s
-// is that three times over, so every Lease has gone "unobserved for longer than it may" just as
-// after 10 minutes. What a longer outage changes in the process is client-go's backoff, which
-// the Lease lag reproduces deterministically instead of by chance; the unit tests run 2 m, 10 m
-// and 1 h outages on the fake clock (remediation TestOutageDoesNotCountTowardStaleness). The remediator runs without
-// leader election (with it, the outage would end its term and a restarted process would
-// observe from zero anyway). The node that died during the outage is terminated exactly once
-// afterwards, and no healthy node is touched.
-func TestAPIServerOutageTerminatesNothing(t *testing.T) {
-	t.Parallel()
-	const outage = 20 * time.Second
-	e := newEnv(t)
-	var healthy []*simNode
-	for range 4 {
-		healthy = append(healthy, e.addNode("us-east-1a"))
-	}
-	dies := e.addNode("us-east-1a")
-	proxy := newAPIProxy(t, e.cp.Config())
-	r := e.startReplica("replica-a", e.config(false, faultPolicy), "--leader-elect=false", "--kubeconfig", proxy.kubeconfig())
-	e.waitReady(r)
-	e.waitFirstReady(append(healthy, dies)...)
-
-	proxy.down()
-	if err := e.cp.StopAPIServer(); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
-	}
-	up := false
-	t.Cleanup(func() {
-		if !up {
-			_ = e.cp.StartAPIServer(context.Background())
-		}
-	})
-	stopped := time.Now()
-	dies.set(false, false)
-	// The remediator's own endpoint works without the API server: it reports itself blind.
-	e.eventually("observation_blind on /metrics during the outage", outage, func(ctx context.Context) (bool, error) {
-		_, m := httpGet(ctx, r.metrics+"/metrics")
-		return metricValue(m, "nodevigil_remediator_observation_blind") == 1, nil
-	})
-	for time.Since(stopped) < outage {
-		if exited, err := r.proc.Exited(); exited {
-			t.Fatalf("remediator exited during the outage: %v\n%s", err, r.proc.LogTail(30))
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	if err := e.cp.StartAPIServer(t.Context()); err != nil {
-		t.Fatalf("start kube-apiserver again: %v", err)
-	}
-	up = true
-	proxy.nodeWatches.Store(0)
-	proxy.up(true)
-	back := time.Now()
-	t.Logf("kube-apiserver down for %s", back.Sub(stopped).Round(100*time.Millisecond))
-
-	// The Lease lag: Node informer back, Lease cache frozen. Every node's Leases look
-	// unobserved since before the outage; nothing may be touched, the dead node included
-	// (the remediator cannot tell it from the others yet).
-	if !proxy.waitNodeWatch(t.Context(), 2*time.Minute) {
-		t.Fatalf("the remediator's Node informer did not come back within 2m\n%s", r.proc.LogTail(30))
-	}
-	lag := 2 * (staleAfter + silentNodeT)
-	e.untouchedUntil(time.Now().Add(lag), time.Minute, func() bool { return true }, append(healthy, dies)...)
-	if v := metricValue(e.metrics(r), "nodevigil_remediator_observation_blind"); v != 1 {
-		t.Errorf("observation_blind = %v while the Lease watch is down after the outage, want 1", v)
-	}
-	proxy.up(false)
-	t.Logf("Lease watch refused for %s after the API server was back", time.Since(back).Round(100*time.Millisecond))
-
-	// After: observe period + staleness + toleration is ~7 s; watch 20 s and until the dead
-	// node is gone.
-	e.untouchedUntil(time.Now().Add(20*time.Second), 2*time.Minute, func() bool {
-		return e.terminations(dies.instanceID) > 0
-	}, healthy...)
-	e.terminatedOnce(dies, time.Minute)
-	m := e.metrics(r)
-	if v := metricValue(m, "nodevigil_remediator_observation_gaps_total"); v < 1 {
-		t.Errorf("observation_gaps_total = %v after the outage, want ≥ 1", v)
-	}
-	if v := metricValue(m, "nodevigil_remediator_observation_blind"); v != 0 {
-		t.Errorf("observation_blind = %v after the outage, want 0", v)
-	}
 }
 
 // TestLeaderKilledAroundTerminateInstances: the remediator process is SIGKILLed while its

@@ -10,18 +10,17 @@ package remediator_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/nodevigil/nodevigil/integration/clusterenv"
 )
 
 const (
@@ -83,76 +82,42 @@ func (e *env) waitObserving(r *replica) {
 	})
 }
 
+// ref names n for clusterenv's checks.
+func (n *simNode) ref() clusterenv.NodeRef {
+	return clusterenv.NodeRef{Name: n.name, InstanceID: n.instanceID}
+}
+
+func refs(nodes []*simNode) []clusterenv.NodeRef {
+	out := make([]clusterenv.NodeRef, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.ref()
+	}
+	return out
+}
+
 // waitFirstReady waits until the remediator has recorded each node ready once.
 func (e *env) waitFirstReady(nodes ...*simNode) {
 	e.t.Helper()
-	for _, n := range nodes {
-		e.eventually(n.name+" recorded first ready", 60*time.Second, func(ctx context.Context) (bool, error) {
-			obj, err := e.node(n.name)
-			return err == nil && obj.Annotations[firstReadyKey] != "", nil
-		})
-	}
+	e.judge().WaitFirstReady(refs(nodes)...)
 }
 
 // touched reports why the remediator has acted on a node, or "".
 func (e *env) touched(n *simNode) string {
-	if got := e.terminations(n.instanceID); got > 0 {
-		return fmt.Sprintf("instance terminated %d times", got)
-	}
-	obj, err := e.node(n.name)
-	switch {
-	case apierrors.IsNotFound(err):
-		return "node deleted"
-	case err != nil:
-		return ""
-	case obj.Annotations[stateKey] != "":
-		return "remediation state " + obj.Annotations[stateKey]
-	case obj.Spec.Unschedulable:
-		return "cordoned"
-	}
-	return ""
+	return clusterenv.Touched(e.t.Context(), e.client, e.emu, n.name, n.instanceID)
 }
 
 // untouchedUntil fails the test if the remediator acts on any of nodes before deadline, and
-// meanwhile polls progress (the positive control) until it reports done. It returns when both
-// the window is over and progress is done.
+// meanwhile polls progress (the positive control) until it reports done.
 func (e *env) untouchedUntil(deadline time.Time, progressTimeout time.Duration, progress func() bool, nodes ...*simNode) {
 	e.t.Helper()
-	giveUp := time.Now().Add(progressTimeout)
-	done := false
-	for {
-		for _, n := range nodes {
-			if why := e.touched(n); why != "" {
-				e.t.Fatalf("node %s was remediated: %s; events: %v", n.name, why, e.eventReasons(n.name))
-			}
-		}
-		if !done && progress() {
-			done = true
-		}
-		if done && !time.Now().Before(deadline) {
-			return
-		}
-		if !done && time.Now().After(giveUp) {
-			e.t.Fatalf("positive control did not happen within %s", progressTimeout)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	e.judge().UntouchedUntil(deadline, progressTimeout, progress, refs(nodes)...)
 }
 
 // terminatedOnce waits until n's instance was terminated and its Node deleted, then checks
 // that exactly one TerminateInstances named it.
 func (e *env) terminatedOnce(n *simNode, timeout time.Duration) {
 	e.t.Helper()
-	e.eventually("TerminateInstances for "+n.name, timeout, func(context.Context) (bool, error) {
-		return e.terminations(n.instanceID) > 0, nil
-	})
-	e.eventually("the Node "+n.name+" deleted", timeout, func(ctx context.Context) (bool, error) {
-		_, err := e.node(n.name)
-		return apierrors.IsNotFound(err), nil
-	})
-	if got := e.terminations(n.instanceID); got != 1 {
-		e.t.Errorf("%s: instance terminated %d times, want exactly 1", n.name, got)
-	}
+	e.judge().TerminatedOnce(n.ref(), timeout)
 }
 
 // Item 1: a kubelet the agent restarted locally keeps KubeletHealthy=False, but the kubelet
@@ -371,35 +336,9 @@ func TestNoAgentLeasesIsLoudAndTerminatesNothing(t *testing.T) {
 	}
 }
 
-func httpGet(ctx context.Context, url string) (int, string) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, ""
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// metricValue returns the value of the first sample whose name (with labels, as printed)
-// equals series, or -1.
-func metricValue(body, series string) float64 {
-	for _, l := range strings.Split(body, "\n") {
-		name, val, ok := strings.Cut(l, " ")
-		if !ok || name != series {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err != nil {
-			return -1
-		}
-		return v
-	}
-	return -1
-}
+// The remediator's endpoints and metrics, read as clusterenv reads them.
+var (
+	httpGet     = clusterenv.Get
+	metricValue = clusterenv.MetricValue
+	metricSum   = clusterenv.MetricSum
+)

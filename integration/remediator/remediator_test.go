@@ -14,22 +14,20 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodevigil/nodevigil/integration/clusterenv"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
@@ -45,9 +43,6 @@ var (
 // default) pays off even on 2 cores; each one runs etcd, kube-apiserver and
 // kube-controller-manager (~400 MB together).
 const defaultParallel = 4
-
-// planeStarts bounds how many control planes start at once.
-var planeStarts = make(chan struct{}, 2)
 
 const (
 	clusterTag     = "kubernetes.io/cluster/itest"
@@ -106,22 +101,7 @@ type replica struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	// Starting kube-apiserver is the heaviest moment of a test (its bootstrap controllers);
-	// at most two start at once, with room for a loaded machine.
-	planeStarts <- struct{}{}
-	cp, err := controlplane.Start(t.Context(), controlplane.Config{Binaries: planeBins, Progress: io.Discard, StartTimeout: 3 * time.Minute})
-	<-planeStarts
-	if err != nil {
-		t.Fatalf("start the control plane: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("kube-apiserver log:\n%s", cp.LogTail("kube-apiserver", 20))
-		}
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop the control plane: %v", err)
-		}
-	})
+	cp := clusterenv.StartControlPlane(t, planeBins)
 	c, err := cp.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -130,11 +110,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emu := ec2emu.New(ec2emu.Config{ShutdownDelay: time.Second})
-	if err := emu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { emu.Close() })
+	emu := clusterenv.StartEmulator(t)
 	return &env{t: t, cp: cp, client: c, ns: ns, pool: ns, emu: emu, nodes: map[string]*simNode{}}
 }
 
@@ -142,64 +118,34 @@ func newEnv(t *testing.T) *env {
 // node in the cluster falls to a final policy that does nothing.
 func (e *env) config(dryRun bool, policyYAML string) string {
 	e.t.Helper()
-	cfg := fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
-kind: RemediatorConfig
-dryRun: %t
-agentNamespace: %s
-agentLeaseDuration: %ds
-terminationRateLimit:
-  perMinute: 600
-  burst: 20
-zonePauseThreshold: 100%%
-clusterPauseThreshold: 100%%
-policies:
-- name: pool
-  nodeSelector: %s=%s
-%s
-- name: others
-  nodeSelector: ""
-  action: None
-`, dryRun, e.ns, leaseSeconds, poolLabel, e.pool, indent(policyYAML, "  "))
-	p := filepath.Join(e.t.TempDir(), "config.yaml")
-	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
-}
-
-func indent(s, prefix string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	for i, l := range lines {
-		lines[i] = prefix + l
-	}
-	return strings.Join(lines, "\n")
+	return clusterenv.WriteConfig(e.t, clusterenv.Config{
+		DryRun: dryRun, AgentNamespace: e.ns, AgentLeaseSeconds: leaseSeconds,
+		Extra:    "terminationRateLimit:\n  perMinute: 600\n  burst: 20\n",
+		Policies: clusterenv.PoolPolicy(poolLabel, e.pool, policyYAML) + "- name: others\n  nodeSelector: \"\"\n  action: None\n",
+	})
 }
 
 // startReplica runs one remediator process; extra flags follow the defaults (a repeated flag
 // takes the last value).
 func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	e.t.Helper()
-	p, err := testbin.Start(name, remediatorBin, append([]string{
-		"--kubeconfig", e.cp.KubeconfigPath(),
-		"--namespace", e.ns,
-		"--config", configPath,
-		"--listen-address", "127.0.0.1:0", // the port it binds is read back: no other process can take it first
-		"--metrics-secure=false", // these tests scrape plain HTTP; integration/install tests the secure server
-		"--ec2-endpoint", e.emu.URL(),
-		"--aws-region", "us-east-1",
-		"--cluster-tag-key", clusterTag,
-		"--leader-elect-lease-duration", "4s",
-		"--leader-elect-renew-deadline", "3s",
-		"--leader-elect-retry-period", "500ms",
-		"--resync-period", "10s",
-		"--termination-confirm-delay", "2s",
-		"--log-format", "text",
-		"--log-level", "debug",
-	}, extra...), "POD_NAME="+name, "AWS_ACCESS_KEY_ID=itest", "AWS_SECRET_ACCESS_KEY=itest", "AWS_CA_BUNDLE=")
+	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
+	defer cancel()
+	p, addr, err := clusterenv.StartRemediator(ctx, clusterenv.Remediator{
+		Name: name, Bin: remediatorBin, Kubeconfig: e.cp.KubeconfigPath(), Namespace: e.ns, Config: configPath,
+		EC2URL: e.emu.URL(), ClusterTag: clusterTag,
+		Flags: append([]string{
+			"--leader-elect-lease-duration", "4s",
+			"--leader-elect-renew-deadline", "3s",
+			"--leader-elect-retry-period", "500ms",
+			"--resync-period", "10s",
+			"--termination-confirm-delay", "2s",
+		}, extra...),
+	})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r := &replica{name: name, proc: p}
+	r := &replica{name: name, proc: p, metrics: "http://" + addr}
 	e.replicas = append(e.replicas, r)
 	e.t.Cleanup(func() {
 		_ = p.Stop(10 * time.Second)
@@ -207,13 +153,6 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 			e.t.Logf("%s log:\n%s", name, p.LogTail(60))
 		}
 	})
-	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
-	defer cancel()
-	addr, err := p.ListenAddr(ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	r.metrics = "http://" + addr
 	return r
 }
 
@@ -246,91 +185,36 @@ func (n *simNode) state() (bool, bool) {
 	return n.kubeletOn, n.agentOn
 }
 
-var nodeSeq struct {
-	sync.Mutex
-	n int
-}
-
 // addNode creates a Node in the pool (zone us-east-1a), its EC2 instance, and starts its
 // simulated kubelet and agent; opts adjust the simulated node before anything renews.
 func (e *env) addNode(zone string, opts ...func(*simNode)) *simNode {
 	e.t.Helper()
 	ctx := e.t.Context()
-	nodeSeq.Lock()
-	nodeSeq.n++
-	seq := nodeSeq.n
-	nodeSeq.Unlock()
-	id := fmt.Sprintf("i-%017x", time.Now().UnixNano()&0xffffffffffff<<8|int64(seq&0xff))
+	seq := clusterenv.NextSeq()
+	id := clusterenv.InstanceID(seq)
 	n := &simNode{name: fmt.Sprintf("%s-n%d", e.pool, seq), instanceID: id, kubeletOn: true, agentOn: true}
 	for _, o := range opts {
 		o(n)
 	}
-	if err := e.emu.AddInstance(ec2emu.Instance{ID: id, Zone: zone, Tags: map[string]string{clusterTag: "owned"}}); err != nil {
-		e.t.Fatal(err)
-	}
-	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: map[string]string{poolLabel: e.pool, zoneLabel: zone}},
-		Spec:       corev1.NodeSpec{ProviderID: "aws:///" + zone + "/" + id},
-	}
-	for _, k := range n.taints {
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: k, Effect: corev1.TaintEffectNoSchedule})
-	}
-	created, err := e.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	created, err := clusterenv.CreateNode(ctx, e.client, e.emu, clusterenv.NodeSpec{
+		Name: n.name, InstanceID: id, Zone: zone, ClusterTag: clusterTag,
+		Labels: map[string]string{poolLabel: e.pool}, Taints: n.taints, Conditions: []string{"KubeletHealthy"},
+	})
 	if err != nil {
-		e.t.Fatalf("create node: %v", err)
-	}
-	// The kubelet's first status report; a strategic merge keyed by condition type, so it does
-	// not race the node lifecycle controller's own writes.
-	now := time.Now().UTC().Format(time.RFC3339)
-	status := fmt.Sprintf(`{"status":{"conditions":[`+
-		`{"type":"Ready","status":"True","reason":"KubeletReady","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q},`+
-		`{"type":"KubeletHealthy","status":"True","reason":"KubeletHealthy","lastHeartbeatTime":%[1]q,"lastTransitionTime":%[1]q}]}}`, now)
-	if _, err := e.client.CoreV1().Nodes().PatchStatus(ctx, n.name, []byte(status)); err != nil {
-		e.t.Fatalf("set node status: %v", err)
+		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() {
 		_ = e.client.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
 	})
-	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: created.Name, UID: created.UID}}
-	go e.renew(ctx, n, "kube-node-lease", owner, func() bool { k, _ := n.state(); return k })
-	go e.renew(ctx, n, e.ns, owner, func() bool { _, a := n.state(); return a })
+	lease := func(ns string, on func() bool) {
+		clusterenv.RenewLease(ctx, e.client, clusterenv.Lease{Namespace: ns, Node: created, Duration: leaseSeconds * time.Second, Interval: heartbeat, On: on, Clock: n.clock})
+	}
+	go lease(clusterenv.KubeletLeaseNamespace, func() bool { k, _ := n.state(); return k })
+	go lease(e.ns, func() bool { _, a := n.state(); return a })
 	e.mu.Lock()
 	e.nodes[n.name] = n
 	e.mu.Unlock()
 	return n
-}
-
-// renew keeps a Lease named after the node fresh while on() holds, as a kubelet or an agent would.
-func (e *env) renew(ctx context.Context, n *simNode, ns string, owner []metav1.OwnerReference, on func() bool) {
-	leases := e.client.CoordinationV1().Leases(ns)
-	dur := int32(leaseSeconds)
-	labels := map[string]string{}
-	if ns != "kube-node-lease" {
-		labels["nodevigil.io/node"] = n.name
-	}
-	t := time.NewTicker(heartbeat)
-	defer t.Stop()
-	for {
-		if on() {
-			now := metav1.NewMicroTime(n.clock())
-			l, err := leases.Get(ctx, n.name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err):
-				_, _ = leases.Create(ctx, &coordinationv1.Lease{
-					ObjectMeta: metav1.ObjectMeta{Name: n.name, Namespace: ns, Labels: labels, OwnerReferences: owner},
-					Spec:       coordinationv1.LeaseSpec{HolderIdentity: &n.name, LeaseDurationSeconds: &dur, RenewTime: &now},
-				}, metav1.CreateOptions{})
-			case err == nil:
-				l.Spec.RenewTime = &now
-				_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 func (e *env) node(name string) (*corev1.Node, error) {
@@ -340,36 +224,29 @@ func (e *env) node(name string) (*corev1.Node, error) {
 // eventually polls cond until it holds or timeout passes.
 func (e *env) eventually(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
 	e.t.Helper()
-	if err := wait.PollUntilContextTimeout(e.t.Context(), 250*time.Millisecond, timeout, true, cond); err != nil {
-		e.t.Fatalf("waiting for %s: %v", what, err)
-	}
+	e.judge().Eventually(what, timeout, cond)
 }
 
 // never asserts that cond stays false for the whole of d.
 func (e *env) never(what string, d time.Duration, cond func(ctx context.Context) bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond(e.t.Context()) {
-			e.t.Fatalf("%s happened", what)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	e.judge().Never(what, d, cond)
+}
+
+// judge is the shared checks of clusterenv on this test's cluster.
+func (e *env) judge() clusterenv.Judge {
+	return clusterenv.Judge{T: e.t, Client: e.client, EC2: e.emu}
 }
 
 func (e *env) terminations(id string) int { return e.emu.Terminations(id) }
 
 func (e *env) hasEvent(node, reason string) bool {
-	evs, err := e.client.CoreV1().Events("default").List(e.t.Context(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-	if err != nil {
-		return false
-	}
-	for _, ev := range evs.Items {
-		if ev.Reason == reason {
-			return true
-		}
-	}
-	return false
+	ok, _ := clusterenv.HasEvent(e.t.Context(), e.client, node, "", reason)
+	return ok
+}
+
+func (e *env) eventReasons(node string) []string {
+	return clusterenv.EventReasons(context.Background(), e.client, node)
 }
 
 // expectEvent waits for Events with every one of reasons about node. The recorder writes
@@ -391,27 +268,11 @@ func (e *env) expectEvent(node string, reasons ...string) {
 	}
 }
 
-func (e *env) eventReasons(node string) []string {
-	evs, err := e.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-	if err != nil {
-		return []string{err.Error()}
-	}
-	var out []string
-	for _, ev := range evs.Items {
-		out = append(out, ev.Reason)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
 func (e *env) waitReady(r *replica) {
 	e.t.Helper()
-	e.eventually(r.name+" ready", 60*time.Second, func(ctx context.Context) (bool, error) {
-		if exited, err := r.proc.Exited(); exited {
-			return false, fmt.Errorf("%s exited: %v\n%s", r.name, err, r.proc.LogTail(30))
-		}
-		return httpOK(ctx, r.metrics+"/readyz"), nil
-	})
+	if err := clusterenv.WaitReady(e.t.Context(), r.name, r.proc, strings.TrimPrefix(r.metrics, "http://"), 60*time.Second); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 const terminatePolicy = `action: Terminate

@@ -37,11 +37,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -49,9 +47,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodevigil/nodevigil/integration/awsevents"
-	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/bench/benchmain"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
-	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
 type options struct {
@@ -83,17 +80,7 @@ func main() {
 			o.intervals = append(o.intervals, s)
 		}
 	}
-	if err := o.validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "interruptlatency:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, o)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "interruptlatency:", err)
-		os.Exit(1)
-	}
+	benchmain.Main("interruptlatency", o.validate, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func (o options) validate() error {
@@ -125,31 +112,13 @@ type sample struct {
 }
 
 func run(ctx context.Context, o options) error {
-	dir, err := os.MkdirTemp("", "interruptlatency-")
+	setup, err := benchmain.Start(ctx, "interruptlatency", logf,
+		"github.com/nodevigil/nodevigil/agent/cmd/nodevigil-agent", "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	logf("building nodevigil-agent and nodevigil-remediator (no race detector)")
-	agentBin, err := testbin.Build(ctx, "github.com/nodevigil/nodevigil/agent/cmd/nodevigil-agent", dir, false)
-	if err != nil {
-		return err
-	}
-	remBin, err := testbin.Build(ctx, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator", dir, false)
-	if err != nil {
-		return err
-	}
-	// No kube-controller-manager: nothing here needs it (no pods, no garbage collection), and
-	// it would compete for the cores.
-	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if e := cp.Stop(); e != nil {
-			logf("stop control plane: %v", e)
-		}
-	}()
+	defer setup.Close()
+	dir, cp, agentBin, remBin := setup.Dir, setup.CP, setup.Bins[0], setup.Bins[1]
 	rc := cp.Config()
 	rc.QPS, rc.Burst = 1000, 2000
 	client, err := kubernetes.NewForConfig(rc)

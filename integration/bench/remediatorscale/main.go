@@ -54,12 +54,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -67,7 +65,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodevigil/nodevigil/integration/controlplane"
+	"github.com/nodevigil/nodevigil/integration/bench/benchmain"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 	"github.com/nodevigil/nodevigil/remediation/decide"
@@ -132,17 +130,7 @@ func main() {
 	flag.StringVar(&o.remLog, "remediator-log", "", "write the remediator's whole output (its JSON log, and e.g. GODEBUG=gctrace=1 lines) to this file at the end")
 	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz and after the first judgement of every node, CPU over the silence (stale + toleration + 20 s)")
 	flag.Parse()
-	if err := o.validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "remediatorscale:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, o)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "remediatorscale:", err)
-		os.Exit(1)
-	}
+	benchmain.Main("remediatorscale", o.validate, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func (o options) validate() error {
@@ -211,27 +199,13 @@ func run(ctx context.Context, o options) (err error) {
 	c := progress{t0: time.Now()}
 	res := &result{o: o}
 
-	dir, err := os.MkdirTemp("", "nodevigil-remediatorscale-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	c.logf("building the remediator")
-	bin, err := testbin.Build(ctx, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator", dir, false)
-	if err != nil {
-		return err
-	}
-
 	// No kube-controller-manager: see the package comment.
-	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
+	setup, err := benchmain.Start(ctx, "remediatorscale", c.logf, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if e := cp.Stop(); e != nil {
-			fmt.Fprintln(os.Stderr, "remediatorscale: stop control plane:", e)
-		}
-	}()
+	defer setup.Close()
+	dir, cp, bin := setup.Dir, setup.CP, setup.Bins[0]
 	rc := cp.Config()
 	rc.QPS, rc.Burst = 2000, 4000
 	rc.ContentType = "application/vnd.kubernetes.protobuf"

@@ -1,4 +1,4 @@
-package remediator_test
+package clusterenv
 
 import (
 	"context"
@@ -19,27 +19,28 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// apiProxy stands between one remediator and the API server, so a test decides what the
+// APIProxy stands between one remediator and the API server, so a test decides what the
 // remediator can reach: everything (up), nothing (down: connections refused, open watches cut),
 // or everything but Leases (leasesDown: every Lease list and watch answered 503). The last is
 // the state client-go leaves a process in after a long outage: its reflectors back off (up to
 // 30 s, doubled by jitter) independently of each other and of direct calls, so Node writes and
 // EC2 calls work again while the Lease cache is still what it was before the outage.
-type apiProxy struct {
-	t      *testing.T
+type APIProxy struct {
+	t      testing.TB
 	addr   string
 	rp     *httputil.ReverseProxy
 	token  string
 	leases atomic.Bool // Lease requests refused
-	// nodeWatches counts Node list/watch requests passed upstream since the last reset: the
+	// NodeWatches counts Node list/watch requests passed upstream since the last reset: the
 	// remediator's Node informer is back.
-	nodeWatches atomic.Int64
+	NodeWatches atomic.Int64
 
 	mu  sync.Mutex
 	srv *http.Server
 }
 
-func newAPIProxy(t *testing.T, upstream *rest.Config) *apiProxy {
+// NewAPIProxy starts a proxy to upstream, up; it is closed when the test ends.
+func NewAPIProxy(t testing.TB, upstream *rest.Config) *APIProxy {
 	t.Helper()
 	target, err := url.Parse(upstream.Host)
 	if err != nil {
@@ -59,13 +60,13 @@ func newAPIProxy(t *testing.T, upstream *rest.Config) *apiProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &apiProxy{t: t, addr: l.Addr().String(), rp: rp, token: upstream.BearerToken}
+	p := &APIProxy{t: t, addr: l.Addr().String(), rp: rp, token: upstream.BearerToken}
 	p.serve(l)
-	t.Cleanup(func() { p.down() })
+	t.Cleanup(func() { p.Down() })
 	return p
 }
 
-func (p *apiProxy) serve(l net.Listener) {
+func (p *APIProxy) serve(l net.Listener) {
 	srv := &http.Server{Handler: http.HandlerFunc(p.handle), ReadHeaderTimeout: 5 * time.Second}
 	p.mu.Lock()
 	p.srv = srv
@@ -77,7 +78,7 @@ func isLeaseRequest(r *http.Request) bool {
 	return strings.HasPrefix(r.URL.Path, "/apis/coordination.k8s.io/") && strings.Contains(r.URL.Path, "/leases")
 }
 
-func (p *apiProxy) handle(w http.ResponseWriter, r *http.Request) {
+func (p *APIProxy) handle(w http.ResponseWriter, r *http.Request) {
 	if p.leases.Load() && isLeaseRequest(r) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -85,13 +86,13 @@ func (p *apiProxy) handle(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes" {
-		p.nodeWatches.Add(1)
+		p.NodeWatches.Add(1)
 	}
 	p.rp.ServeHTTP(w, r)
 }
 
-// down refuses every connection and cuts the open ones.
-func (p *apiProxy) down() {
+// Down refuses every connection and cuts the open ones.
+func (p *APIProxy) Down() {
 	p.mu.Lock()
 	srv := p.srv
 	p.srv = nil
@@ -101,8 +102,8 @@ func (p *apiProxy) down() {
 	}
 }
 
-// up serves again on the same address; leasesDown says whether Lease requests stay refused.
-func (p *apiProxy) up(leasesDown bool) {
+// Up serves again on the same address; leasesDown says whether Lease requests stay refused.
+func (p *APIProxy) Up(leasesDown bool) {
 	p.t.Helper()
 	p.leases.Store(leasesDown)
 	p.mu.Lock()
@@ -124,8 +125,8 @@ func (p *apiProxy) up(leasesDown bool) {
 	p.serve(l)
 }
 
-// kubeconfig writes a kubeconfig that reaches the API server through the proxy.
-func (p *apiProxy) kubeconfig() string {
+// Kubeconfig writes a kubeconfig that reaches the API server through the proxy.
+func (p *APIProxy) Kubeconfig() string {
 	p.t.Helper()
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["proxy"] = &clientcmdapi.Cluster{Server: "http://" + p.addr}
@@ -139,12 +140,12 @@ func (p *apiProxy) kubeconfig() string {
 	return path
 }
 
-// waitNodeWatch waits until the remediator's Node informer has listed or watched Nodes through
-// the proxy since reset was called.
-func (p *apiProxy) waitNodeWatch(ctx context.Context, timeout time.Duration) bool {
+// WaitNodeWatch waits until the remediator's Node informer has listed or watched Nodes through
+// the proxy since NodeWatches was last reset.
+func (p *APIProxy) WaitNodeWatch(ctx context.Context, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if p.nodeWatches.Load() > 0 {
+		if p.NodeWatches.Load() > 0 {
 			return true
 		}
 		time.Sleep(100 * time.Millisecond)

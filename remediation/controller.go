@@ -85,10 +85,16 @@ const Component = "nodevigil-remediator"
 
 // Defaults of Config.
 const (
-	DefaultNamespace               = "nodevigil-system"
-	DefaultKubeletLeaseNamespace   = "kube-node-lease"
-	DefaultResyncPeriod            = 5 * time.Minute
-	DefaultWorkers                 = 4
+	DefaultNamespace             = "nodevigil-system"
+	DefaultKubeletLeaseNamespace = "kube-node-lease"
+	DefaultResyncPeriod          = 5 * time.Minute
+	// DefaultWorkers is 16: a worker holds a due node for about six round trips (its ownership
+	// Describe, the marking patch, the drain's pod list, the intent, TerminateInstances,
+	// Terminating), so when a zone fails at once the last node waits for (nodes / workers) of
+	// those sequences. With 4, 50 nodes due together reached TerminateInstances after 2.9 s
+	// (p99) at 2,000 nodes; the API requests of 50 such nodes fit the client's default burst of
+	// 200 (docs/benchmarks.md, session 7). The work is I/O, not CPU.
+	DefaultWorkers                 = 16
 	DefaultLeaseDuration           = 15 * time.Second
 	DefaultRenewDeadline           = 10 * time.Second
 	DefaultRetryPeriod             = 2 * time.Second
@@ -136,7 +142,7 @@ type Config struct {
 	// ResyncPeriod is the informers' resync: every node is reconsidered at least this often.
 	// Default 5m.
 	ResyncPeriod time.Duration
-	// Workers is how many nodes are reconciled concurrently. Default 4.
+	// Workers is how many nodes are reconciled concurrently. Default DefaultWorkers (16).
 	Workers int
 	// FirstReadyRate is how many first-ready annotations per second the background writer
 	// sends (firstready.go). Default DefaultFirstReadyRate.

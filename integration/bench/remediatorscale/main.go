@@ -331,7 +331,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		c.logf("profile written to %s", path)
 	}
-	res.qpsNote = "binary defaults for --workers (4), --kube-api-qps (50), --kube-api-burst (200), --resync-period (5m)"
+	res.qpsNote = "binary defaults for --workers (16), --kube-api-qps (50), --kube-api-burst (200), --resync-period (5m)"
 	if len(tuning) > 0 {
 		res.qpsNote = strings.Join(tuning, " ") + "; other settings at the binary's defaults (" + strings.TrimPrefix(res.qpsNote, "binary defaults for ") + ")"
 	}

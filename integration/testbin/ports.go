@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -134,7 +135,12 @@ func (p *Process) ListenAddr(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("%s exited before listening (%v):\n%s", p.Name, err, p.LogTail(30))
 		}
 		addrs, err := ListenAddrs(p.Pid())
-		if err != nil {
+		switch {
+		case err != nil && errors.Is(err, fs.ErrNotExist):
+			// The process is gone from /proc before its exit was recorded (Exited reads what
+			// the waiting goroutine saw): the next pass reports the exit.
+			addrs = nil
+		case err != nil:
 			if exited, _ := p.Exited(); exited {
 				continue // reported above
 			}

@@ -559,10 +559,6 @@ func TestRecoveringNodeIsReleased(t *testing.T) {
 	}
 }
 
-func httpOK(ctx context.Context, url string) bool {
-	return testbin.HTTPStatus(ctx, url) == 200
-}
-
 func ptr(p *string) string {
 	if p == nil {
 		return ""

@@ -183,24 +183,15 @@ func (b *Batcher) withdrawLocked(id string, w *waiter) {
 // send calls the Terminator and hands each waiter its outcome. The call's context is cancelled
 // only when every waiter of the batch has given up.
 func (b *Batcher) send(bt *batch) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var left atomic.Int64
-	var stops []func() bool
+	var ctxs []context.Context
 	for _, ws := range bt.waiters {
 		for _, w := range ws {
-			left.Add(1)
-			stops = append(stops, context.AfterFunc(w.ctx, func() {
-				if left.Add(-1) == 0 {
-					cancel()
-				}
-			}))
+			ctxs = append(ctxs, w.ctx)
 		}
 	}
+	ctx, release := whileAnyWaits(ctxs)
 	outcomes, err := b.t.Terminate(ctx, bt.ids)
-	for _, stop := range stops {
-		stop()
-	}
+	release()
 	for id, ws := range bt.waiters {
 		o, ok := outcomes[id]
 		if !ok {
@@ -222,4 +213,27 @@ func (b *Batcher) pendingIDs() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.order)
+}
+
+// whileAnyWaits returns the context of one call made for several waiters: it is cancelled once
+// every waiter's context is done — one caller giving up must not cancel the call the others
+// still wait for — or by release, which the caller calls when the call returned.
+func whileAnyWaits(ctxs []context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int64
+	left.Add(int64(len(ctxs)))
+	stops := make([]func() bool, 0, len(ctxs))
+	for _, c := range ctxs {
+		stops = append(stops, context.AfterFunc(c, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }

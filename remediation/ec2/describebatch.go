@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 )
 
 // Describer describes a set of instances; *Client is one. It is what a DescribeBatcher needs,
@@ -142,24 +141,15 @@ func (b *DescribeBatcher) withdrawLocked(id string, w *dwaiter) {
 // send describes the IDs of bt and hands each waiter its answer. The call's context is
 // cancelled only when every waiter of the batch has given up.
 func (b *DescribeBatcher) send(bt *dbatch) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var left atomic.Int64
-	var stops []func() bool
+	var ctxs []context.Context
 	for _, ws := range bt.waiters {
 		for _, w := range ws {
-			left.Add(1)
-			stops = append(stops, context.AfterFunc(w.ctx, func() {
-				if left.Add(-1) == 0 {
-					cancel()
-				}
-			}))
+			ctxs = append(ctxs, w.ctx)
 		}
 	}
+	ctx, release := whileAnyWaits(ctxs)
 	found, err := b.d.Describe(ctx, bt.ids)
-	for _, stop := range stops {
-		stop()
-	}
+	release()
 	for id, ws := range bt.waiters {
 		inst, ok := found[id]
 		for _, w := range ws {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/nodevigil/nodevigil/remediation/decide"
 )
@@ -227,4 +228,52 @@ func drained(ch <-chan watch.Event) <-chan struct{} {
 		close(done)
 	}()
 	return done
+}
+
+// TestStripLease: what the remediator reads of a Lease stays, the rest goes.
+func TestStripLease(t *testing.T) {
+	renewed := metav1.NewMicroTime(t0)
+	for _, tc := range []struct {
+		name string
+		in   *coordinationv1.Lease
+		// acquire says whether acquireTime must stay (quoted in messages when renewTime is unset).
+		acquire bool
+	}{
+		{"renewed", fullLease(&renewed), false},
+		{"never renewed", fullLease(nil), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := stripLease(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := out.(*coordinationv1.Lease)
+			if l.UID != "" || l.Labels != nil || l.Annotations != nil || l.OwnerReferences != nil || l.ManagedFields != nil ||
+				l.Spec.HolderIdentity != nil || l.Spec.LeaseTransitions != nil {
+				t.Errorf("kept what nothing reads: %+v", l)
+			}
+			if l.Name != "n1" || l.Namespace != DefaultKubeletLeaseNamespace || l.ResourceVersion != "7" ||
+				l.Spec.LeaseDurationSeconds == nil || (l.Spec.RenewTime == nil) != (tc.in.Spec.RenewTime == nil) {
+				t.Errorf("dropped what the remediator reads: %+v", l)
+			}
+			if (l.Spec.AcquireTime != nil) != tc.acquire {
+				t.Errorf("acquireTime kept = %v, want %v", l.Spec.AcquireTime != nil, tc.acquire)
+			}
+		})
+	}
+	if x, _ := stripLease("not a lease"); x != "not a lease" {
+		t.Error("non-Lease object changed")
+	}
+}
+
+func fullLease(renewed *metav1.MicroTime) *coordinationv1.Lease {
+	acquired := metav1.NewMicroTime(t0.Add(-time.Hour))
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "n1", Namespace: DefaultKubeletLeaseNamespace, ResourceVersion: "7", UID: "u-1",
+			Labels: map[string]string{LabelAgentNode: "n1"}, Annotations: map[string]string{"a": "b"},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Node", Name: "n1"}},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("n1"), LeaseDurationSeconds: ptr.To[int32](40),
+			AcquireTime: &acquired, RenewTime: renewed, LeaseTransitions: ptr.To[int32](3)},
+	}
 }

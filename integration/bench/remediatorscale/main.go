@@ -131,7 +131,7 @@ func main() {
 	flag.BoolVar(&o.countAPI, "count-api", true, "send the remediator through a counting proxy and report its API requests per phase")
 	flag.Var(&o.remEnv, "remediator-env", "KEY=VALUE added to the remediator's environment (repeatable), e.g. GOMEMLIMIT=120MiB or KUBE_FEATURE_WatchListClient=true")
 	flag.StringVar(&o.remLog, "remediator-log", "", "write the remediator's whole output (its JSON log, and e.g. GODEBUG=gctrace=1 lines) to this file at the end")
-	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz and after the first judgement of every node, CPU over the silence (stale + toleration + 20 s)")
+	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz, after the first judgement of every node and at the end of the steady window, CPU over the silence (stale + toleration + 20 s)")
 	flag.StringVar(&o.remBin, "remediator-bin", "", "run this nodevigil-remediator binary instead of building the one of this tree (e.g. a build of an older commit, for a before/after in the same load window)")
 	flag.DurationVar(&o.startupEvery, "startup-profile-every", 0, "with -pprof-dir: also take a heap profile this often while /readyz is not yet ready (heap-startup-N.pprof), to see what the initial lists retain")
 	flag.BoolVar(&o.startupOnly, "startup-only", false, "stop after start-up (every node judged): print the start-up RSS and skip the observe, steady and silence phases")
@@ -469,6 +469,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	steadyEnd := time.Now()
+	profile("heap-steady.pprof", "heap")
 	res.steadyRenewRate = float64(f.renewals.Load()-renew0) / steadyEnd.Sub(steadyStart).Seconds()
 	res.phases = append(res.phases, smp.phase("steady: all nodes healthy", steadyStart, steadyEnd))
 	apiSteady := snap()

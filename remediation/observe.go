@@ -398,9 +398,22 @@ func (c *Controller) checkAgents(now time.Time) {
 	c.log.Info("agent leases seen", "agent_namespace", c.rc.AgentNamespace, "leases", c.agentObs.size())
 }
 
+// scopeEmpty reports whether the caches synced and a configured nodeSelector matches no Node:
+// a selector with a typo would otherwise make a remediator that silently watches nothing.
+func (c *Controller) scopeEmpty() bool {
+	if c.rc.NodeSelector == "" || !c.Ready() {
+		return false
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	return err == nil && len(nodes) == 0
+}
+
 // readyzDetail is the warning /readyz adds to its body, or "".
 func (c *Controller) readyzDetail() []string {
 	var out []string
+	if c.scopeEmpty() {
+		out = append(out, fmt.Sprintf("warning: nodeSelector %q matches no node: nothing is watched or remediated", c.rc.NodeSelector))
+	}
 	if missing, msg := c.agentsMissing(c.clock.Now()); missing {
 		out = append(out, "warning: "+msg)
 	}
@@ -414,8 +427,10 @@ func (c *Controller) setupInformers() error {
 	// Each factory holds one informer, built by strippedInformer (transform.go) so that objects
 	// are stripped as they arrive, not only once an initial list has ended; the factories add
 	// the same transform to it (applied to LIST results) and start and stop it.
+	// Nodes outside the configured scope (nodeSelector) are never listed, so nothing downstream
+	// (census, decide, pipeline, first-ready writer) can judge or touch them.
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
-	nodeFactory.InformerFor(&corev1.Node{}, nodeInformer)
+	nodeFactory.InformerFor(&corev1.Node{}, nodeInformer(cfg.Remediator.NodeSelector))
 	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
 	kubeletFactory.InformerFor(&coordinationv1.Lease{}, leaseInformer(cfg.KubeletLeaseNamespace, ""))

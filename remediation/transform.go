@@ -116,12 +116,28 @@ func strippedInformer(example runtime.Object, resync time.Duration, strip cache.
 	return cache.NewSharedIndexInformer(lw, example, resync, cache.Indexers{})
 }
 
-// nodeInformer is the constructor (for SharedInformerFactory.InformerFor) of the Node informer (see strippedInformer).
-func nodeInformer(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-	nodes := client.CoreV1().Nodes()
-	return strippedInformer(&corev1.Node{}, resync, stripNode,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
-		nodes.Watch)
+// nodeInformer returns the constructor (for SharedInformerFactory.InformerFor) of the informer
+// of the Nodes that match the label selector (empty: all); see strippedInformer.
+func nodeInformer(selector string) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
+	return func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		nodes := client.CoreV1().Nodes()
+		return strippedInformer(&corev1.Node{}, resync, stripNode,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				selectBy(&o, selector)
+				return nodes.List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				selectBy(&o, selector)
+				return nodes.Watch(ctx, o)
+			})
+	}
+}
+
+// selectBy sets o's label selector to selector, unless that is empty (everything).
+func selectBy(o *metav1.ListOptions, selector string) {
+	if selector != "" {
+		o.LabelSelector = selector
+	}
 }
 
 // leaseInformer returns the constructor (for SharedInformerFactory.InformerFor) of an informer of the Leases in namespace
@@ -129,18 +145,13 @@ func nodeInformer(client kubernetes.Interface, resync time.Duration) cache.Share
 func leaseInformer(ns, selector string) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
 	return func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		leases := client.CoordinationV1().Leases(ns)
-		sel := func(o *metav1.ListOptions) {
-			if selector != "" {
-				o.LabelSelector = selector
-			}
-		}
 		return strippedInformer(&coordinationv1.Lease{}, resync, stripLease,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				sel(&o)
+				selectBy(&o, selector)
 				return leases.List(ctx, o)
 			},
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				sel(&o)
+				selectBy(&o, selector)
 				return leases.Watch(ctx, o)
 			})
 	}

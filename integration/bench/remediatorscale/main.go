@@ -41,6 +41,9 @@
 // -batches spreads the silenced nodes over several moments (-batch-gap apart): one batch is a
 // mass failure (every toleration ends in the same instant), small batches are the common case.
 // -kube-api-qps, -kube-api-burst, -workers and -remediator-env tune the remediator process.
+// -remediator-bin runs a given build instead of this tree's (a before/after in one load window);
+// -startup-only stops once every node is judged, and -startup-profile-every (with -pprof-dir)
+// takes heap profiles while the informers still list, to see what the initial lists retain.
 package main
 
 import (

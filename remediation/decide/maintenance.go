@@ -50,9 +50,11 @@ const rebootWindowSlack = 5 * time.Minute
 // openRebootWindow bounds a reboot event EC2 gives no NotAfter for.
 const openRebootWindow = 2 * time.Hour
 
-// expectsReboot reports whether an event code takes the instance down briefly and brings it
-// back (retirements and stops do not bring it back).
-func expectsReboot(code string) bool {
+// ExpectsReboot reports whether an EC2 scheduled event code takes the instance down briefly
+// and brings it back (retirements and stops do not bring it back): a silence that begins in
+// such an event's window is tolerated tolerations.scheduledReboot. kubectl-nodevigil explain
+// uses it to say so.
+func ExpectsReboot(code string) bool {
 	switch code {
 	case "instance-reboot", "system-reboot", "system-maintenance":
 		return true
@@ -69,7 +71,7 @@ func rebootWindow(in Input, since time.Time) (ScheduledEvent, bool) {
 		events = append(ParseScheduledEvents(c.Message), events...)
 	}
 	for _, e := range events {
-		if !expectsReboot(e.Code) || e.NotBefore.IsZero() {
+		if !ExpectsReboot(e.Code) || e.NotBefore.IsZero() {
 			continue
 		}
 		end := e.NotAfter

@@ -301,6 +301,42 @@ func TestHandler(t *testing.T) {
 	<-done
 }
 
+// TestNodeSelectorMatchingNothingIsLoud: a nodeSelector that matches no Node (a typo) makes
+// /readyz carry a warning instead of a remediator that silently watches nothing.
+func TestNodeSelectorMatchingNothingIsLoud(t *testing.T) {
+	for _, tc := range []struct {
+		selector string
+		warn     bool
+	}{
+		{"pool=general", false},
+		{"pool=genral", true},
+		{"", false},
+	} {
+		t.Run(tc.selector, func(t *testing.T) {
+			rc, err := config.Parse([]byte("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\nnodeSelector: \"" + tc.selector + "\"\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := fake.NewClientset(newNode("n-1", func(n *corev1.Node) { n.Labels["pool"] = "general" }))
+			c, err := New(Config{Client: client, Remediator: rc, Logger: discardLogger(), Recorder: record.NewFakeRecorder(10)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			waitFor(t, "ready", c.Ready)
+			rec := httptest.NewRecorder()
+			c.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			warned := strings.Contains(rec.Body.String(), "matches no node")
+			if rec.Code != http.StatusOK || warned != tc.warn {
+				t.Errorf("/readyz = %d %q; want 200 and a 'matches no node' warning = %v", rec.Code, rec.Body.String(), tc.warn)
+			}
+		})
+	}
+}
+
 // TestRunListsOneInformerAfterTheOther: Run lists Nodes first and each Lease informer only once
 // the previous informer has synced, so the garbage of the initial lists never coincides, and it
 // collects with Config.StartupGCPercent until then, restoring the previous setting after.

@@ -397,9 +397,22 @@ func (c *Controller) checkAgents(now time.Time) {
 	c.log.Info("agent leases seen", "agent_namespace", c.rc.AgentNamespace, "leases", c.agentObs.size())
 }
 
+// scopeEmpty reports whether the caches synced and a configured nodeSelector matches no Node:
+// a selector with a typo would otherwise make a remediator that silently watches nothing.
+func (c *Controller) scopeEmpty() bool {
+	if c.rc.NodeSelector == "" || !c.Ready() {
+		return false
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	return err == nil && len(nodes) == 0
+}
+
 // readyzDetail is the warning /readyz adds to its body, or "".
 func (c *Controller) readyzDetail() []string {
 	var out []string
+	if c.scopeEmpty() {
+		out = append(out, fmt.Sprintf("warning: nodeSelector %q matches no node: nothing is watched or remediated", c.rc.NodeSelector))
+	}
 	if missing, msg := c.agentsMissing(c.clock.Now()); missing {
 		out = append(out, "warning: "+msg)
 	}
@@ -410,7 +423,11 @@ func (c *Controller) readyzDetail() []string {
 // the handlers that feed the Lease observers and the workqueue.
 func (c *Controller) setupInformers() error {
 	cfg := c.cfg
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
+	// Nodes outside the configured scope are never listed, so nothing downstream (census,
+	// decide, pipeline, first-ready writer) can judge or touch them.
+	scope := cfg.Remediator.NodeSelector
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = scope }))
 	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
 	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,

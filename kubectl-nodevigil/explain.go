@@ -88,7 +88,11 @@ func explain(w io.Writer, s *snapshot, views []*nodeView, v *nodeView, evs []cor
 		case counted:
 			fmt.Fprintf(w, ". Policy %s tolerates it False for %s.\n", p.Name, tol)
 		case aws:
-			fmt.Fprintf(w, ". %s.\n", awsEventSentence(p.Name, c.Type, p.Interruptions))
+			fmt.Fprintf(w, ". %s.", awsEventSentence(p.Name, c.Type, p.Interruptions))
+			if s := rebootSentence(p, c.Type, c.Status, c.Message); s != "" {
+				fmt.Fprintf(w, " %s.", s)
+			}
+			fmt.Fprintln(w)
 		default:
 			fmt.Fprintf(w, ". Policy %s does not list it, so on its own it never leads to remediation.\n", p.Name)
 		}

@@ -37,6 +37,7 @@
 //	  tolerations:
 //	    silentNode: 3m
 //	    kubeletUnhealthy: 5m
+//	    scheduledReboot: 20m
 //	    conditions: {NetworkingReady: 10m, MemoryHealthy: 15m}
 //	  startupGrace: 10m
 //	  startupDeadline: 20m
@@ -126,6 +127,10 @@ const (
 	DefaultRatePerMinute      = 6.0
 	DefaultRateBurst          = 3
 	DefaultOnTimeout          = OnTimeoutProceed
+	// DefaultScheduledRebootToleration is how long a node that goes silent inside the window of an AWS
+	// scheduled reboot is tolerated (tolerations.scheduledReboot): an EC2 reboot or
+	// system-maintenance takes the instance down for a few minutes, longer than silentNode.
+	DefaultScheduledRebootToleration = 20 * time.Minute
 	// DefaultSingleSignal is the kubelet-only toleration of liveness: SingleSignal, the
 	// 30-minute class that single-signal repairers need because one heartbeat cannot tell a
 	// dead machine from a partitioned or restarting one.
@@ -231,6 +236,13 @@ type TolerationsSpec struct {
 	// stale as observed by the remediator, or Ready is False after the node first became
 	// ready. The agent's own KubeletHealthy condition never starts it. Default 5m.
 	KubeletUnhealthy *metav1.Duration `json:"kubeletUnhealthy,omitempty"`
+	// ScheduledReboot replaces the silentNode and kubeletUnhealthy tolerations, when it is the
+	// longer, for a node whose silence began inside the window of one of its instance's
+	// scheduled reboots (EC2 events instance-reboot, system-reboot, system-maintenance, from
+	// the agent's NoScheduledEvent condition or DescribeInstanceStatus): AWS is rebooting it,
+	// and it comes back within minutes. Default 20m; at least silentNode (equal to it gives
+	// scheduled reboots no extra time).
+	ScheduledReboot *metav1.Duration `json:"scheduledReboot,omitempty"`
 	// SingleSignal runs, under liveness: SingleSignal only, while a node whose agent was never
 	// seen has a stale kubelet (or Ready not True) after it first became ready. Default 30m,
 	// at least 10m.
@@ -306,6 +318,9 @@ type Policy struct {
 type Tolerations struct {
 	SilentNode       time.Duration
 	KubeletUnhealthy time.Duration
+	// ScheduledReboot is the toleration of a silence that began inside a scheduled reboot's
+	// window, used when longer than the toleration that would apply otherwise.
+	ScheduledReboot time.Duration
 	// SingleSignal is used only when the policy's Liveness is SingleSignal.
 	SingleSignal time.Duration
 	// Conditions maps a positive-polarity Node condition type to how long it may be False.

@@ -126,6 +126,7 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		Tolerations: Tolerations{
 			SilentNode:       DefaultSilentNode,
 			KubeletUnhealthy: DefaultKubeletUnhealthy,
+			ScheduledReboot:  DefaultScheduledRebootToleration,
 			SingleSignal:     DefaultSingleSignal,
 			Conditions:       map[string]time.Duration{},
 		},
@@ -193,6 +194,16 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		}
 		if t.KubeletUnhealthy != nil {
 			p.Tolerations.KubeletUnhealthy = nonNegative(path+".tolerations.kubeletUnhealthy", t.KubeletUnhealthy, fail)
+		}
+		if t.ScheduledReboot != nil {
+			// Below silentNode it would never extend anything: a value that silently does
+			// nothing is refused. The default is not checked: a policy with a silentNode above
+			// 20m simply gets no extension, as before the field existed.
+			if d, silent := t.ScheduledReboot.Duration, p.Tolerations.SilentNode; d < silent {
+				fail(path+".tolerations.scheduledReboot", "%s is shorter than tolerations.silentNode %s, so it would never extend the toleration of a node AWS is rebooting; use at least %s (default %s; equal to silentNode gives scheduled reboots no extra time)", d, silent, silent, DefaultScheduledRebootToleration)
+			} else {
+				p.Tolerations.ScheduledReboot = d
+			}
 		}
 		keys := make([]string, 0, len(t.Conditions))
 		for k := range t.Conditions {

@@ -95,11 +95,9 @@ func stripLease(obj any) (any, error) {
 // reflector falls back to when the API server refuses streaming.
 
 // strippedInformer returns an informer of objects of example's type listed by list and watched
-// by watch, whose watch events pass through strip before the reflector sees them. It has no
-// indexes: the remediator looks Nodes and Leases up by name, and the namespace index client-go's
-// generated informers add would cost a map entry per object for nothing (each Lease informer
-// watches one namespace; Nodes have none).
-func strippedInformer(example runtime.Object, resync time.Duration, strip cache.TransformFunc,
+// by watch, whose watch events pass through strip before the reflector sees them, with the
+// given indexes.
+func strippedInformer(example runtime.Object, resync time.Duration, indexers cache.Indexers, strip cache.TransformFunc,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
 ) cache.SharedIndexInformer {
@@ -113,15 +111,17 @@ func strippedInformer(example runtime.Object, resync time.Duration, strip cache.
 			return newStrippingWatch(w, strip), nil
 		},
 	}
-	return cache.NewSharedIndexInformer(lw, example, resync, cache.Indexers{})
+	return cache.NewSharedIndexInformer(lw, example, resync, indexers)
 }
 
 // nodeInformer returns the constructor (for SharedInformerFactory.InformerFor) of the informer
-// of the Nodes that match the label selector (empty: all); see strippedInformer.
+// of the Nodes that match the label selector (empty: all); see strippedInformer. Unlike
+// client-go's generated Node informer it has no namespace index: Nodes have no namespace, the
+// Node lister never uses it, and it cost a set entry per Node.
 func nodeInformer(selector string) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
 	return func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		nodes := client.CoreV1().Nodes()
-		return strippedInformer(&corev1.Node{}, resync, stripNode,
+		return strippedInformer(&corev1.Node{}, resync, cache.Indexers{}, stripNode,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				selectBy(&o, selector)
 				return nodes.List(ctx, o)
@@ -140,12 +140,15 @@ func selectBy(o *metav1.ListOptions, selector string) {
 	}
 }
 
-// leaseInformer returns the constructor (for SharedInformerFactory.InformerFor) of an informer of the Leases in namespace
-// ns that match the label selector (empty: all); see strippedInformer.
+// leaseInformer returns the constructor (for SharedInformerFactory.InformerFor) of an informer
+// of the Leases in namespace ns that match the label selector (empty: all); see
+// strippedInformer. It keeps the namespace index of client-go's generated informer: a
+// namespaced lister's List uses it, and logs a warning on every call without it.
 func leaseInformer(ns, selector string) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
 	return func(client kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		leases := client.CoordinationV1().Leases(ns)
-		return strippedInformer(&coordinationv1.Lease{}, resync, stripLease,
+		return strippedInformer(&coordinationv1.Lease{}, resync,
+			cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}, stripLease,
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				selectBy(&o, selector)
 				return leases.List(ctx, o)

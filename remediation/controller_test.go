@@ -72,13 +72,14 @@ func TestStripNode(t *testing.T) {
 	n.Status.NodeInfo.KernelVersion = "6.1"
 	n.Spec.Taints = []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}}
 	n.Spec.Unschedulable = true
+	n.Spec.PodCIDR, n.Spec.PodCIDRs = "10.0.0.0/24", []string{"10.0.0.0/24"}
 
 	out, err := stripNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := out.(*corev1.Node)
-	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.VolumesAttached != nil || s.Status.Capacity != nil || s.Status.NodeInfo.KernelVersion != "" {
+	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.VolumesAttached != nil || s.Status.Capacity != nil || s.Status.NodeInfo.KernelVersion != "" || s.Spec.PodCIDR != "" || s.Spec.PodCIDRs != nil {
 		t.Error("bulky fields kept")
 	}
 	if _, ok := s.Annotations["kubectl.kubernetes.io/last-applied-configuration"]; ok {

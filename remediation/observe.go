@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -423,16 +424,19 @@ func (c *Controller) readyzDetail() []string {
 // the handlers that feed the Lease observers and the workqueue.
 func (c *Controller) setupInformers() error {
 	cfg := c.cfg
-	// Nodes outside the configured scope are never listed, so nothing downstream (census,
-	// decide, pipeline, first-ready writer) can judge or touch them.
-	scope := cfg.Remediator.NodeSelector
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = scope }))
+	// Each factory holds one informer, built by strippedInformer (transform.go) so that objects
+	// are stripped as they arrive, not only once an initial list has ended; the factories add
+	// the same transform to it (applied to LIST results) and start and stop it.
+	// Nodes outside the configured scope (nodeSelector) are never listed, so nothing downstream
+	// (census, decide, pipeline, first-ready writer) can judge or touch them.
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
+	nodeFactory.InformerFor(&corev1.Node{}, nodeInformer(cfg.Remediator.NodeSelector))
 	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
+	kubeletFactory.InformerFor(&coordinationv1.Lease{}, leaseInformer(cfg.KubeletLeaseNamespace, ""))
 	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
-		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelAgentNode }))
+		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease))
+	agentFactory.InformerFor(&coordinationv1.Lease{}, leaseInformer(cfg.Remediator.AgentNamespace, LabelAgentNode))
 	c.factories = []informers.SharedInformerFactory{nodeFactory, kubeletFactory, agentFactory}
 
 	nodeInf := nodeFactory.Core().V1().Nodes()

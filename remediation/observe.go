@@ -410,7 +410,11 @@ func (c *Controller) readyzDetail() []string {
 // the handlers that feed the Lease observers and the workqueue.
 func (c *Controller) setupInformers() error {
 	cfg := c.cfg
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
+	// Nodes outside the configured scope are never listed, so nothing downstream (census,
+	// decide, pipeline, first-ready writer) can judge or touch them.
+	scope := cfg.Remediator.NodeSelector
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = scope }))
 	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
 	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,

@@ -11,6 +11,7 @@
 package remediator_test
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -165,6 +166,7 @@ type simNode struct {
 	agentOn    bool
 	skew       time.Duration // added to the renewTime the node's "clock" writes
 	taints     []string      // NoSchedule taint keys the Node is created with
+	pool       string        // the pool label's value when not the test's own
 }
 
 func (n *simNode) clock() time.Time {
@@ -198,7 +200,7 @@ func (e *env) addNode(zone string, opts ...func(*simNode)) *simNode {
 	}
 	created, err := clusterenv.CreateNode(ctx, e.client, e.emu, clusterenv.NodeSpec{
 		Name: n.name, InstanceID: id, Zone: zone, ClusterTag: clusterTag,
-		Labels: map[string]string{poolLabel: e.pool}, Taints: n.taints, Conditions: []string{"KubeletHealthy"},
+		Labels: map[string]string{poolLabel: cmp.Or(n.pool, e.pool)}, Taints: n.taints, Conditions: []string{"KubeletHealthy"},
 	})
 	if err != nil {
 		e.t.Fatal(err)

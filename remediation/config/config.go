@@ -170,6 +170,15 @@ type RemediatorConfig struct {
 	// cannot let one pool's trouble use up another's budget. Nodes without the label count
 	// under the policy alone. Default karpenter.sh/nodepool.
 	PoolLabel string `json:"poolLabel,omitempty"`
+	// NodeSelector is the label selector of the Nodes this remediator looks after; "" (the
+	// default) is every node. Nodes outside it are not watched: never judged, counted in the
+	// storm census or touched. It is for nodes another system owns — EKS Fargate's virtual
+	// nodes (eks.amazonaws.com/compute-type!=fargate), which have neither an EC2 instance nor
+	// an agent, Windows nodes without the agent, or pools a second remediator runs — so that
+	// they neither need a policy of their own nor skew the pauses. A node whose labels change so
+	// that it leaves the selector is forgotten where it stands: a cordon or remediation record
+	// this remediator wrote stays for an operator to clear.
+	NodeSelector string `json:"nodeSelector,omitempty"`
 	// Policies are matched in order; the first whose nodeSelector matches a node applies.
 	Policies []PolicySpec `json:"policies,omitempty"`
 }
@@ -259,7 +268,11 @@ type Config struct {
 	ClusterPauseThreshold intstr.IntOrString
 	// PoolLabel is the label whose value splits a policy's nodes into pools for the caps.
 	PoolLabel string
-	Policies  []Policy
+	// NodeSelector is the remediator's scope in canonical form ("" every node), for the Node
+	// informer's list and watch; Scope is it parsed, for readers that filter nodes themselves.
+	NodeSelector string
+	Scope        labels.Selector
+	Policies     []Policy
 }
 
 // RateLimit is the resolved termination rate limit.

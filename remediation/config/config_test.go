@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -45,6 +46,9 @@ func TestDefault(t *testing.T) {
 	if p.MaxUnhealthy.String() != "20%" {
 		t.Errorf("default maxUnhealthy = %s, want 20%%", p.MaxUnhealthy.String())
 	}
+	if c.NodeSelector != "" || !c.Scope.Empty() {
+		t.Errorf("default scope = %q (%v), want every node", c.NodeSelector, c.Scope)
+	}
 	if got := c.PolicyFor(map[string]string{"anything": "x"}); got.Name != DefaultPolicyName {
 		t.Errorf("PolicyFor = %s, want default", got.Name)
 	}
@@ -66,6 +70,12 @@ func TestLoadFull(t *testing.T) {
 	}
 	if c.PoolLabel != "eks.amazonaws.com/nodegroup" {
 		t.Errorf("poolLabel = %q", c.PoolLabel)
+	}
+	if c.NodeSelector != "eks.amazonaws.com/compute-type!=fargate" {
+		t.Errorf("nodeSelector = %q", c.NodeSelector)
+	}
+	if c.Scope.Matches(labels.Set{"eks.amazonaws.com/compute-type": "fargate"}) || !c.Scope.Matches(labels.Set{}) {
+		t.Errorf("scope %s: a Fargate node must be out of it and an EC2 node in it", c.Scope)
 	}
 	if got := c.PoolOf(&c.Policies[1], map[string]string{"eks.amazonaws.com/nodegroup": "spot"}); got != "general/spot" {
 		t.Errorf("PoolOf with the label = %q, want general/spot", got)
@@ -177,6 +187,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", "", []string{"empty document"}},
 		{"not yaml", "a: [", []string{"not valid YAML"}},
 		{"duplicate key", head + "dryRun: true\ndryRun: false\n", []string{"not valid YAML", "dryRun"}},
+		{"bad node selector", head + "nodeSelector: \"pool in (a\"\n", []string{`nodeSelector: "pool in (a" is not a label selector`, "compute-type!=fargate"}},
 		{"bad pool label", head + "poolLabel: \"not a/label/key\"\n", []string{`poolLabel: "not a/label/key" is not a label key`}},
 		{"unknown top-level field", head + "dryrun: false\n", []string{"dryrun: unknown field; known fields here are", "dryRun"}},
 		{"unknown nested field", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations:\n    silentnode: 1m\n", []string{"policies[0].tolerations.silentnode: unknown field"}},

@@ -49,6 +49,15 @@ func resolve(doc *RemediatorConfig) (*Config, error) {
 		}
 		c.PoolLabel = doc.PoolLabel
 	}
+	c.Scope = labels.Everything()
+	if doc.NodeSelector != "" {
+		sel, err := labels.Parse(doc.NodeSelector)
+		if err != nil {
+			fail("nodeSelector", "%q is not a label selector (%v); write e.g. eks.amazonaws.com/compute-type!=fargate, or \"\" for every node", doc.NodeSelector, err)
+		} else {
+			c.Scope, c.NodeSelector = sel, sel.String()
+		}
+	}
 	if doc.DryRun != nil {
 		c.DryRun = *doc.DryRun
 	}

@@ -240,7 +240,7 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		policies = append(policies, p.Name+"="+string(p.Action))
 	}
 	log.Info("starting", "identity", ctrl.Identity(), "dry_run", rc.DryRun, "policies", policies,
-		"cluster_tag_key", o.clusterTagKey, "cluster_tag_values", o.clusterTagVals, "leader_elect", o.leaderElect, "listen_address", o.listenAddress, "metrics_secure", o.metricsSecure, "agent_namespace", rc.AgentNamespace)
+		"cluster_tag_key", o.clusterTagKey, "cluster_tag_values", o.clusterTagVals, "leader_elect", o.leaderElect, "listen_address", o.listenAddress, "metrics_secure", o.metricsSecure, "agent_namespace", rc.AgentNamespace, "node_selector", rc.NodeSelector)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
@@ -19,7 +20,8 @@ const maxEvents = 12
 
 // runExplain tells the story of one node.
 func runExplain(ctx context.Context, c kubernetes.Interface, opts options, name string, stdout, stderr io.Writer) error {
-	if _, err := getNode(ctx, c, name); err != nil {
+	node, err := getNode(ctx, c, name)
+	if err != nil {
 		return err
 	}
 	// The whole fleet is read because caps and pauses depend on the other nodes.
@@ -37,6 +39,10 @@ func runExplain(ctx context.Context, c kubernetes.Interface, opts options, name 
 			explain(stdout, s, views, v, evs)
 			return nil
 		}
+	}
+	if !s.cfg.Scope.Matches(labels.Set(node.Labels)) {
+		fmt.Fprintf(stdout, "Node %s is outside the remediator's nodeSelector (%s), from %s: nodevigil does not watch, judge or remediate it.\n", name, s.cfg.NodeSelector, s.cfgSource)
+		return nil
 	}
 	return fmt.Errorf("get node %s: not found", name)
 }
@@ -82,7 +88,11 @@ func explain(w io.Writer, s *snapshot, views []*nodeView, v *nodeView, evs []cor
 		case counted:
 			fmt.Fprintf(w, ". Policy %s tolerates it False for %s.\n", p.Name, tol)
 		case aws:
-			fmt.Fprintf(w, ". %s.\n", awsEventSentence(p.Name, c.Type, p.Interruptions))
+			fmt.Fprintf(w, ". %s.", awsEventSentence(p.Name, c.Type, p.Interruptions))
+			if s := rebootSentence(p, c.Type, c.Status, c.Message); s != "" {
+				fmt.Fprintf(w, " %s.", s)
+			}
+			fmt.Fprintln(w)
 		default:
 			fmt.Fprintf(w, ". Policy %s does not list it, so on its own it never leads to remediation.\n", p.Name)
 		}

@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/nodevigil/nodevigil/remediation/config"
+	"github.com/nodevigil/nodevigil/remediation/decide"
 )
 
 // The remediator's interruption bookkeeping and the agent's AWS event conditions, as the
@@ -49,6 +52,27 @@ func awsEventSentence(policy string, condType string, in config.Interruptions) s
 			policy, in.ScheduledReboot, in.ScheduledRetirement, in.LeadTime)
 	}
 	return fmt.Sprintf("An AWS event: policy %s's interruptions.%s is %s (%s)", policy, field, action, actionMeaning(action))
+}
+
+// rebootSentence says how long policy p tolerates a silence that begins inside the window of
+// a scheduled reboot the agent's NoScheduledEvent condition lists, or "" when it lists none.
+func rebootSentence(p *config.Policy, condType, status, message string) string {
+	if condType != conditionNoScheduledEvent || status != string(corev1.ConditionFalse) {
+		return ""
+	}
+	for _, e := range decide.ParseScheduledEvents(message) {
+		if !decide.ExpectsReboot(e.Code) {
+			continue
+		}
+		t := p.Tolerations
+		if t.ScheduledReboot <= t.SilentNode {
+			return fmt.Sprintf("Policy %s gives a silence inside the window of %s %s no extra time (tolerations.scheduledReboot %s, silentNode %s)",
+				p.Name, e.Code, e.ID, t.ScheduledReboot, t.SilentNode)
+		}
+		return fmt.Sprintf("If the node goes silent inside the window of %s %s, AWS is rebooting it: policy %s tolerates that %s (tolerations.scheduledReboot) rather than silentNode %s",
+			e.Code, e.ID, p.Name, t.ScheduledReboot, t.SilentNode)
+	}
+	return ""
 }
 
 func actionMeaning(a config.InterruptionAction) string {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodevigil/nodevigil/remediation/config"
@@ -52,10 +54,14 @@ func gather(ctx context.Context, c kubernetes.Interface, opts options, notes io.
 	if err != nil {
 		return nil, explainAPIError(err, "list nodes")
 	}
-	s.nodes = nodes
 	s.cfg, s.cfgSource, s.cfgNote = loadConfig(ctx, c, opts)
 	if s.cfgNote != "" {
 		fmt.Fprintf(notes, "note: %s\n", s.cfgNote)
+	}
+	// Only the nodes the remediator watches: the caps and pauses it applies count no others.
+	s.nodes = slices.DeleteFunc(nodes, func(n corev1.Node) bool { return !s.cfg.Scope.Matches(labels.Set(n.Labels)) })
+	if out := len(nodes) - len(s.nodes); out > 0 {
+		fmt.Fprintf(notes, "note: %d nodes outside the remediator's nodeSelector (%s) are not shown\n", out, s.cfg.NodeSelector)
 	}
 	kl, err := listLeases(ctx, c, kubeletLeaseNamespace, "")
 	if err != nil {

@@ -500,6 +500,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	restoreGC()
 	c.syncedAt.Store(c.clock.Now().UnixNano())
 	c.log.Info("informers synced", "dry_run", c.rc.DryRun, "policies", len(c.rc.Policies), "agent_leases", c.agentObs.size(), "kubelet_leases", c.kubeletObs.size())
+	if c.scopeEmpty() {
+		c.log.Warn("no node matches the node selector", "node_selector", c.rc.NodeSelector,
+			"message", "the remediator watches no node; check the nodeSelector of its config against the Nodes' labels")
+	}
 	if c.agentObs.size() == 0 {
 		c.log.Warn("no agent leases seen yet", "agent_namespace", c.rc.AgentNamespace, "label", LabelAgentNode,
 			"message", "no node is remediated on the kubelet alone unless its policy says liveness: SingleSignal; if this lasts past the startup grace, check the agent DaemonSet and agentNamespace")

@@ -72,13 +72,14 @@ func TestStripNode(t *testing.T) {
 	n.Status.NodeInfo.KernelVersion = "6.1"
 	n.Spec.Taints = []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}}
 	n.Spec.Unschedulable = true
+	n.Spec.PodCIDR, n.Spec.PodCIDRs = "10.0.0.0/24", []string{"10.0.0.0/24"}
 
 	out, err := stripNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := out.(*corev1.Node)
-	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.VolumesAttached != nil || s.Status.Capacity != nil || s.Status.NodeInfo.KernelVersion != "" {
+	if s.ManagedFields != nil || s.Status.Images != nil || s.Status.VolumesAttached != nil || s.Status.Capacity != nil || s.Status.NodeInfo.KernelVersion != "" || s.Spec.PodCIDR != "" || s.Spec.PodCIDRs != nil {
 		t.Error("bulky fields kept")
 	}
 	if _, ok := s.Annotations["kubectl.kubernetes.io/last-applied-configuration"]; ok {
@@ -299,6 +300,42 @@ func TestHandler(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestNodeSelectorMatchingNothingIsLoud: a nodeSelector that matches no Node (a typo) makes
+// /readyz carry a warning instead of a remediator that silently watches nothing.
+func TestNodeSelectorMatchingNothingIsLoud(t *testing.T) {
+	for _, tc := range []struct {
+		selector string
+		warn     bool
+	}{
+		{"pool=general", false},
+		{"pool=genral", true},
+		{"", false},
+	} {
+		t.Run(tc.selector, func(t *testing.T) {
+			rc, err := config.Parse([]byte("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\nnodeSelector: \"" + tc.selector + "\"\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			client := fake.NewClientset(newNode("n-1", func(n *corev1.Node) { n.Labels["pool"] = "general" }))
+			c, err := New(Config{Client: client, Remediator: rc, Logger: discardLogger(), Recorder: record.NewFakeRecorder(10)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			waitFor(t, "ready", c.Ready)
+			rec := httptest.NewRecorder()
+			c.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+			warned := strings.Contains(rec.Body.String(), "matches no node")
+			if rec.Code != http.StatusOK || warned != tc.warn {
+				t.Errorf("/readyz = %d %q; want 200 and a 'matches no node' warning = %v", rec.Code, rec.Body.String(), tc.warn)
+			}
+		})
+	}
 }
 
 // TestRunListsOneInformerAfterTheOther: Run lists Nodes first and each Lease informer only once

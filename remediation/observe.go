@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -397,9 +398,22 @@ func (c *Controller) checkAgents(now time.Time) {
 	c.log.Info("agent leases seen", "agent_namespace", c.rc.AgentNamespace, "leases", c.agentObs.size())
 }
 
+// scopeEmpty reports whether the caches synced and a configured nodeSelector matches no Node:
+// a selector with a typo would otherwise make a remediator that silently watches nothing.
+func (c *Controller) scopeEmpty() bool {
+	if c.rc.NodeSelector == "" || !c.Ready() {
+		return false
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	return err == nil && len(nodes) == 0
+}
+
 // readyzDetail is the warning /readyz adds to its body, or "".
 func (c *Controller) readyzDetail() []string {
 	var out []string
+	if c.scopeEmpty() {
+		out = append(out, fmt.Sprintf("warning: nodeSelector %q matches no node: nothing is watched or remediated", c.rc.NodeSelector))
+	}
 	if missing, msg := c.agentsMissing(c.clock.Now()); missing {
 		out = append(out, "warning: "+msg)
 	}
@@ -410,12 +424,19 @@ func (c *Controller) readyzDetail() []string {
 // the handlers that feed the Lease observers and the workqueue.
 func (c *Controller) setupInformers() error {
 	cfg := c.cfg
+	// Each factory holds one informer, built by strippedInformer (transform.go) so that objects
+	// are stripped as they arrive, not only once an initial list has ended; the factories add
+	// the same transform to it (applied to LIST results) and start and stop it.
+	// Nodes outside the configured scope (nodeSelector) are never listed, so nothing downstream
+	// (census, decide, pipeline, first-ready writer) can judge or touch them.
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, informers.WithTransform(stripNode))
+	nodeFactory.InformerFor(&corev1.Node{}, nodeInformer(cfg.Remediator.NodeSelector))
 	kubeletFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
 		informers.WithNamespace(cfg.KubeletLeaseNamespace), informers.WithTransform(stripLease))
+	kubeletFactory.InformerFor(&coordinationv1.Lease{}, leaseInformer(cfg.KubeletLeaseNamespace, ""))
 	agentFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod,
-		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelAgentNode }))
+		informers.WithNamespace(cfg.Remediator.AgentNamespace), informers.WithTransform(stripLease))
+	agentFactory.InformerFor(&coordinationv1.Lease{}, leaseInformer(cfg.Remediator.AgentNamespace, LabelAgentNode))
 	c.factories = []informers.SharedInformerFactory{nodeFactory, kubeletFactory, agentFactory}
 
 	nodeInf := nodeFactory.Core().V1().Nodes()

@@ -8,14 +8,10 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"syscall"
-
-	"github.com/aws/smithy-go/middleware"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
 // tracker follows one read: the HTTP status the read and the session token request were
-// answered with (recorded by a deserialize step, as the SDK returns a failed token request
-// and a 401 wrapped in a type without Unwrap), the token request's own error, and whether a
+// answered with, the token request's own error (both recorded by the client), and whether a
 // connection to the service was made (httptrace), which tells a dropped answer (hop limit)
 // from an address nothing answers on. Classification reads these, never error text.
 type tracker struct {
@@ -38,71 +34,6 @@ func (t *tracker) gotConn(httptrace.GotConnInfo) { t.connected = true }
 
 // reset forgets the previous read of the poll.
 func (t *tracker) reset() { *t = tracker{trace: t.trace} }
-
-// tokenOperation is the SDK's stack ID of its session token request (GetToken, unexported).
-const tokenOperation = "getToken"
-
-// customize is the watcher's one change to the SDK client's operations (Options.APIOptions,
-// the SDK's own customisation point), set once when the client is built: it drops the steps
-// a metadata read does without and adds the recorders.
-//
-// Dropped, per read: the retry step (the client makes one attempt, aws.NopRetryer, and the
-// Watcher has its own backoff; the step still cloned every request and kept attempt
-// metrics), the user agent string, the logger and request/response logger (off), the SDK's
-// default 5 s operation timeout (every read carries the poll's deadline) and the
-// auth/endpoint steps that are no-ops for the metadata service. None changes what is sent
-// but the User-Agent header.
-func customize(s *middleware.Stack) error {
-	_, _ = s.Initialize.Remove("OperationTimeout")
-	_, _ = s.Initialize.Remove("SetLogger")
-	_, _ = s.Build.Remove("UserAgent")
-	for _, id := range []string{"ResolveAuthScheme", "GetIdentity", "ResolveEndpointV2", "Retry", "Signing"} {
-		_, _ = s.Finalize.Remove(id)
-	}
-	_, _ = s.Deserialize.Remove("RequestResponseLogger")
-	if s.ID() == tokenOperation {
-		if err := s.Initialize.Add(tokenRecorder{}, middleware.Before); err != nil {
-			return err
-		}
-	}
-	return s.Deserialize.Add(statusRecorder{token: s.ID() == tokenOperation}, middleware.Before)
-}
-
-// tokenRecorder keeps the token request's error, typed, in the read's tracker.
-type tokenRecorder struct{}
-
-func (tokenRecorder) ID() string { return "NodevigilTokenRecorder" }
-
-func (tokenRecorder) HandleInitialize(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (
-	middleware.InitializeOutput, middleware.Metadata, error) {
-	out, md, err := next.HandleInitialize(ctx, in)
-	if err != nil {
-		if t, ok := ctx.Value(trackerKey{}).(*tracker); ok {
-			t.tokenErr = err
-		}
-	}
-	return out, md, err
-}
-
-// statusRecorder keeps the HTTP status of a response in the read's tracker.
-type statusRecorder struct{ token bool }
-
-func (statusRecorder) ID() string { return "NodevigilStatusRecorder" }
-
-func (m statusRecorder) HandleDeserialize(ctx context.Context, in middleware.DeserializeInput, next middleware.DeserializeHandler) (
-	middleware.DeserializeOutput, middleware.Metadata, error) {
-	out, md, err := next.HandleDeserialize(ctx, in)
-	if resp, ok := out.RawResponse.(*smithyhttp.Response); ok && resp != nil {
-		if t, ok := ctx.Value(trackerKey{}).(*tracker); ok {
-			if m.token {
-				t.tokenStatus = resp.StatusCode
-			} else {
-				t.status = resp.StatusCode
-			}
-		}
-	}
-	return out, md, err
-}
 
 // failure is a classified failed read.
 type failure struct {

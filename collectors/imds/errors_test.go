@@ -120,3 +120,40 @@ func TestClassifyReadsTypesNotText(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointFor: a configured endpoint wins, then the SDK's standard variables, then the
+// link-local address.
+func TestEndpointFor(t *testing.T) {
+	tests := []struct {
+		name, configured, env, mode, want string
+	}{
+		{"default", "", "", "", "http://169.254.169.254"},
+		{"configured, trailing slash dropped", "http://127.0.0.1:8080/", "http://10.0.0.1", "", "http://127.0.0.1:8080"},
+		{"environment", "", "http://10.0.0.1:1338/", "", "http://10.0.0.1:1338"},
+		{"IPv6 mode", "", "", "IPv6", "http://[fd00:ec2::254]"},
+		{"environment over mode", "", "http://10.0.0.1", "IPv6", "http://10.0.0.1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(envEndpoint, tc.env)
+			t.Setenv(envEndpointMode, tc.mode)
+			if got := endpointFor(tc.configured); got != tc.want {
+				t.Errorf("endpointFor(%q) = %q, want %q", tc.configured, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestNoReadWithoutAToken: IMDSv2 only. Where no session token can be had (an IMDSv1-only
+// proxy), no metadata path is read at all, not even once as a fallback.
+func TestNoReadWithoutAToken(t *testing.T) {
+	s, url, clk := emulated(t, ec2emu.LifecycleSpot)
+	s.SetIMDSMode(instanceID, ec2emu.IMDSv1Only)
+	w := newWatcher(t, Config{Endpoint: url, OneShot: true, Clock: clk})
+	if r := check(t, w, collectors.CheckSpotInterruption); r.Reason != ReasonIMDSv1Only {
+		t.Fatalf("got %s/%s (%s), want Unknown/%s", r.Status, r.Reason, r.Message, ReasonIMDSv1Only)
+	}
+	if tokens, reads := s.IMDSCalls(instanceID); tokens == 0 || reads != 0 {
+		t.Errorf("%d token requests, %d metadata reads; want at least one token request and no read", tokens, reads)
+	}
+}

@@ -4,10 +4,13 @@
 // nothing of Kubernetes and reports one collectors.Result per kind of event, which the agent
 // publishes as a Node condition.
 //
-// The metadata service is read through aws-sdk-go-v2's feature/ec2/imds client with the IMDSv1
-// fallback disabled: the client fetches a session token (PUT /latest/api/token), reuses it for
-// every read and fetches a new one when it expires. Its endpoint is the SDK's (169.254.169.254,
-// or AWS_EC2_METADATA_SERVICE_ENDPOINT), overridable with Config.Endpoint.
+// The metadata service is read with IMDSv2 only, over one kept-alive HTTP connection (client.go):
+// a session token (PUT /latest/api/token) is fetched once, reused for every read until shortly
+// before its 6-hour TTL, and fetched again after a 401; nothing is read without one. The
+// endpoint is the SDK's (169.254.169.254, AWS_EC2_METADATA_SERVICE_ENDPOINT, or the IPv6
+// address with AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6), overridable with Config.Endpoint.
+// Until session 8 this went through aws-sdk-go-v2's feature/ec2/imds client; its per-read
+// middleware stack was most of a spot poll's cost (client.go says why it was replaced).
 //
 // A Watcher reads instance-life-cycle once (and again after any failed read): spot interruption
 // notices and rebalance recommendations exist only for spot instances, so on any other instance
@@ -28,7 +31,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -37,13 +39,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
-	"github.com/aws/smithy-go/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 )
 
 // Metadata paths, under /latest/meta-data/.
@@ -127,6 +127,12 @@ type Config struct {
 	// OneShot is the `check` command: every Check reads the service itself, and a pending
 	// event is a Warning instead of Unhealthy (see the check command's help).
 	OneShot bool
+	// Grid, when on, puts every poll that succeeded on the process's shared schedule
+	// (package wakeup): the next poll of a group is at the grid's next point of its interval,
+	// not the interval after this one ended, so the spot polls carry the agent's other periodic
+	// work (check cycle, Lease renewal) on their wake-ups. Retries after a failure keep their
+	// own backoff. Off (the zero Grid), each group's next poll is its interval after the last.
+	Grid wakeup.Grid
 	// Clock is the time source (default the real clock).
 	Clock clock.Clock
 	// Logger (default slog.Default()).
@@ -191,7 +197,7 @@ type Watcher struct {
 	envDisabled bool
 
 	mu      sync.Mutex
-	client  *imds.Client
+	client  *client
 	latest  map[collectors.CheckName]collectors.Result
 	running bool
 	// lifeCycle is instance-life-cycle as last read; empty while unknown (not read yet, or
@@ -267,7 +273,7 @@ func New(cfg Config) (*Watcher, error) {
 		}, []string{"kind"}),
 		counters: map[string]*[3]prometheus.Counter{},
 	}
-	w.client = w.newClient()
+	w.client = newClient(cfg.Endpoint, cfg.Clock, w.envDisabled)
 	for _, p := range []string{PathSpot, PathRebalance, PathScheduled, PathLifecycle, PathInstanceLifeCycle} {
 		c := &[3]prometheus.Counter{}
 		for i, r := range []string{"ok", "not_found", "error"} {
@@ -284,17 +290,10 @@ func New(cfg Config) (*Watcher, error) {
 // envMetadataDisabled is the SDK's switch that turns its metadata client off.
 const envMetadataDisabled = "AWS_EC2_METADATA_DISABLED"
 
-func (w *Watcher) newClient() *imds.Client {
-	return imds.New(imds.Options{
-		Endpoint:       w.cfg.Endpoint,
-		EnableFallback: aws.FalseTernary, // IMDSv2 only: never read without a session token
-		// One attempt per poll: the Watcher has its own schedule and backoff, and a hop-limit
-		// drop would otherwise hold a poll for three response timeouts.
-		Retryer: aws.NopRetryer{},
-		// Set once here, run by the SDK on every operation it builds (see customize).
-		APIOptions: []func(*middleware.Stack) error{customize},
-	})
-}
+// SetGrid puts the Watcher's polls on the process's shared schedule (Config.Grid). Call it
+// before Run: the binary builds the Watcher with the other checks, before the schedule the
+// agent shares with it exists.
+func (w *Watcher) SetGrid(g wakeup.Grid) { w.cfg.Grid = g }
 
 // Describe implements prometheus.Collector.
 func (w *Watcher) Describe(ch chan<- *prometheus.Desc) {
@@ -425,6 +424,7 @@ func (w *Watcher) Run(ctx context.Context) {
 		if timer != nil {
 			timer.Stop()
 		}
+		w.client.closeIdle()
 	}()
 	for {
 		now = w.cfg.Clock.Now()
@@ -515,6 +515,11 @@ func (w *Watcher) pollGroup(ctx context.Context, g *group) {
 		}
 	}
 	delay := g.interval
+	if !failed && w.cfg.Grid.On() {
+		g.failures = 0
+		g.next = w.cfg.Grid.Next(w.cfg.Clock.Now(), g.interval)
+		return
+	}
 	if failed {
 		w.mu.Lock()
 		w.lifeCycle = "" // read it again once the service answers
@@ -605,19 +610,11 @@ func (w *Watcher) read(ctx context.Context, tr *tracker, kind collectors.CheckNa
 func (w *Watcher) get(ctx context.Context, tr *tracker, kind collectors.CheckName, path string) (string, collectors.Result) {
 	res := collectors.Result{Check: kind, Time: w.cfg.Clock.Now(), Inputs: []collectors.Input{{Name: "path", Source: "imds", Value: path}}}
 	counters := w.counters[path]
-	w.mu.Lock()
-	c := w.client
-	w.mu.Unlock()
 	tr.reset()
-	out, err := c.GetMetadata(ctx, &imds.GetMetadataInput{Path: path})
+	b, err := w.client.get(ctx, tr, path)
 	if err == nil {
-		defer func() { _ = out.Content.Close() }()
-		b, rerr := io.ReadAll(io.LimitReader(out.Content, 64<<10))
-		if rerr == nil {
-			counters[resultOK].Inc()
-			return string(b), res
-		}
-		err = fmt.Errorf("read %s: %w", path, rerr)
+		counters[resultOK].Inc()
+		return string(b), res
 	}
 	f := w.classify(err, tr)
 	if f.status == http.StatusNotFound && tr.tokenErr == nil {
@@ -626,13 +623,6 @@ func (w *Watcher) get(ctx context.Context, tr *tracker, kind collectors.CheckNam
 		return "", res
 	}
 	counters[resultError].Inc()
-	if f.status == http.StatusUnauthorized {
-		// The service no longer knows the session token (it restarted); the SDK would
-		// keep it until its TTL, so start over with a new client and a new token.
-		w.mu.Lock()
-		w.client = w.newClient()
-		w.mu.Unlock()
-	}
 	res.Status, res.Reason, res.Message, res.Err = collectors.StatusUnknown, f.reason, f.message, err
 	w.failures.WithLabelValues(res.Reason).Inc()
 	w.log.Debug("imds read failed", "check", kind, "reason", res.Reason, "err", err)

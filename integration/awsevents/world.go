@@ -9,8 +9,9 @@
 // It is shared by the end-to-end tests in this directory and by the interruption latency
 // benchmark (integration/bench/interruptlatency), which is why it is not a _test file. Several
 // Worlds share one control plane: each has its own namespace (agent Leases, the remediator's
-// leader Lease), its own emulator and its own nodes, labelled with the namespace so a World's
-// remediator can be told to leave every other World's nodes alone (CatchAllIgnore).
+// leader Lease), its own emulator and its own nodes, labelled with the namespace; a World's
+// remediator is scoped to that label (its nodeSelector), so it never sees another World's
+// nodes, and CatchAllIgnore leaves alone its own nodes of pools no policy names.
 package awsevents
 
 import (
@@ -38,8 +39,8 @@ import (
 
 // Labels, taints and tags of the nodes a World creates.
 const (
-	// WorldLabel carries the World's namespace on each of its nodes; policies select on it so
-	// parallel Worlds never act on each other's nodes.
+	// WorldLabel carries the World's namespace on each of its nodes; the World's remediator is
+	// scoped to it (nodeSelector) so parallel Worlds never see each other's nodes.
 	WorldLabel = "nodevigil.test/world"
 	// PoolLabel names the node's pool within its World ("general", "kafka").
 	PoolLabel = "nodevigil.test/awspool"
@@ -358,8 +359,9 @@ func (w *World) PolicyFor(pool, body string) string {
 	return p
 }
 
-// CatchAllIgnore is the last policy of every World's remediator: every other node of the shared
-// cluster (other Worlds') is left alone, interruptions included.
+// CatchAllIgnore is the last policy of every World's remediator: the World's nodes of a pool
+// no policy names are left alone, interruptions included. (Other Worlds' nodes are outside
+// the remediator's nodeSelector.)
 const CatchAllIgnore = `- name: others
   nodeSelector: ""
   action: None
@@ -370,7 +372,7 @@ const CatchAllIgnore = `- name: others
 // CatchAllIgnore, starts the remediator against the World's emulator and waits for /readyz.
 func (w *World) StartRemediator(ctx context.Context, policies string, extra ...string) error {
 	cfg := fmt.Sprintf("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\ndryRun: false\nagentNamespace: %s\nagentLeaseDuration: %s\n"+
-		"zonePauseThreshold: 100%%\nclusterPauseThreshold: 100%%\npolicies:\n%s%s", w.NS, w.AgentLease, policies, CatchAllIgnore)
+		"nodeSelector: %s=%s\nzonePauseThreshold: 100%%\nclusterPauseThreshold: 100%%\npolicies:\n%s%s", w.NS, w.AgentLease, WorldLabel, w.NS, policies, CatchAllIgnore)
 	path := filepath.Join(w.dir, "remediator.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err

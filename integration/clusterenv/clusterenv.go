@@ -481,6 +481,11 @@ type Config struct {
 	DryRun            bool
 	AgentNamespace    string
 	AgentLeaseSeconds int
+	// NodeSelector scopes the remediator to the test's own nodes ("" every node). Tests that
+	// share a cluster must set it: a remediator that sees another test's nodes judges them
+	// without their agent Leases (another namespace) and releases what the other remediator is
+	// remediating.
+	NodeSelector string
 	// Extra is more top-level YAML, before the policies.
 	Extra string
 	// Policies is the policies list (PoolPolicy and others).
@@ -490,8 +495,8 @@ type Config struct {
 // WriteConfig writes c into the test's temporary folder and returns its path.
 func WriteConfig(t testing.TB, c Config) string {
 	t.Helper()
-	cfg := fmt.Sprintf("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\ndryRun: %t\nagentNamespace: %s\nagentLeaseDuration: %ds\n%s"+
-		"zonePauseThreshold: 100%%\nclusterPauseThreshold: 100%%\npolicies:\n%s", c.DryRun, c.AgentNamespace, c.AgentLeaseSeconds, c.Extra, c.Policies)
+	cfg := fmt.Sprintf("apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\ndryRun: %t\nagentNamespace: %s\nagentLeaseDuration: %ds\nnodeSelector: %q\n%s"+
+		"zonePauseThreshold: 100%%\nclusterPauseThreshold: 100%%\npolicies:\n%s", c.DryRun, c.AgentNamespace, c.AgentLeaseSeconds, c.NodeSelector, c.Extra, c.Policies)
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -31,15 +31,20 @@ var DevTimings = Timings{
 // the defaults, `kafka` is CordonOnly with a drain that honours karpenter.sh/do-not-disrupt and
 // waits, and only reports AWS's events (Notify); every other node (the developer's
 // own machine in `make run`) falls to a policy that only reports. Pools are told apart by
-// poolLabel, zones by topology.kubernetes.io/zone.
+// poolLabel, zones by topology.kubernetes.io/zone. A fleet with an ID of its own (a scenario
+// sharing its cluster with others) is scoped to its two pools, so its remediator never judges
+// or counts another fleet's nodes.
 func RemediatorConfig(cfg Config, t Timings) string {
 	general, kafka := "general", "kafka"
+	scope := ""
 	if cfg.ID != "" && cfg.ID != "fleet" {
 		general, kafka = cfg.ID+"-general", cfg.ID+"-kafka"
+		scope = fmt.Sprintf("%s in (%s,%s)", poolLabelOr(cfg.PoolLabel), general, kafka)
 	}
 	return fmt.Sprintf(`apiVersion: nodevigil.io/v1alpha1
 kind: RemediatorConfig
 dryRun: false
+nodeSelector: %[13]q
 agentNamespace: %[1]s
 agentLeaseDuration: %[2]s
 terminationRateLimit:
@@ -96,7 +101,7 @@ policies:
   nodeSelector: ""
   action: None
 `, cfg.AgentNamespace, cfg.AgentLeaseDuration, poolLabelOr(cfg.PoolLabel), general, kafka,
-		t.SilentNode, t.KubeletUnhealthy, t.NetworkingReady, t.StartupGrace, t.StartupDeadline, t.DrainTimeout, StartupTaint)
+		t.SilentNode, t.KubeletUnhealthy, t.NetworkingReady, t.StartupGrace, t.StartupDeadline, t.DrainTimeout, StartupTaint, scope)
 }
 
 func poolLabelOr(l string) string {

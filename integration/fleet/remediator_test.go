@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/nodevigil/nodevigil/remediation/config"
 )
 
@@ -31,6 +33,18 @@ func TestRemediatorConfigParses(t *testing.T) {
 			}
 			if len(want) != 0 {
 				t.Errorf("policies missing: %v", want)
+			}
+			// make run's fleet includes the developer's own node; a scenario's remediator sees
+			// only its own pools.
+			own := labels.Set{DefaultPoolLabel: id + "-general"}
+			if id == "fleet" {
+				own = labels.Set{DefaultPoolLabel: "general"}
+			}
+			if !cfg.Scope.Matches(own) {
+				t.Errorf("scope %q leaves out the fleet's own general pool", cfg.NodeSelector)
+			}
+			if other := (labels.Set{DefaultPoolLabel: "other-general"}); cfg.Scope.Matches(other) != (id == "fleet") {
+				t.Errorf("scope %q: another fleet's node in scope = %v, want %v", cfg.NodeSelector, cfg.Scope.Matches(other), id == "fleet")
 			}
 		})
 	}

@@ -5,10 +5,10 @@
 // test renewing their Leases and writing the agent's conditions.
 //
 // The tests run in parallel on one cluster. Each has its own pool label value and emulator, and
-// its remediator's catch-all policy ignores every interruption, so no remediator acts on
-// another test's nodes; a remediator never lifts another test's cordon either, because undo
-// needs positive knowledge that the event is gone (its own emulator does not know the other
-// test's instances).
+// its remediator's nodeSelector is that pool, so no remediator sees, judges or touches another
+// test's nodes. (Before the scope existed, a catch-all policy left them alone, but each
+// remediator still judged them without their agent Leases, which live in another namespace, and
+// released nodes another test's remediator was draining.)
 package interruptions_test
 
 import (

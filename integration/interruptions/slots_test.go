@@ -23,11 +23,8 @@ func (e *env) startPolicyMode(dryRun bool, policy string, extra ...string) {
 	e.t.Helper()
 	path := clusterenv.WriteConfig(e.t, clusterenv.Config{
 		DryRun: dryRun, AgentNamespace: e.ns, AgentLeaseSeconds: leaseSeconds,
-		Policies: clusterenv.PoolPolicy(poolLabel, e.pool, policy) + `- name: others
-  nodeSelector: ""
-  action: None
-  interruptions: {spotInterruption: Ignore, rebalanceRecommendation: Ignore, scheduledReboot: Ignore, scheduledRetirement: Ignore, asgTermination: Ignore}
-`,
+		NodeSelector: poolLabel + "=" + e.pool,
+		Policies:     clusterenv.PoolPolicy(poolLabel, e.pool, policy),
 	})
 	listenCtx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
 	defer cancel()

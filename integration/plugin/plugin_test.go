@@ -393,3 +393,59 @@ func writeKubeconfig(t *testing.T, dir, name, server, token string, ca []byte) s
 	}
 	return path
 }
+
+// TestNodesOutsideTheScopeAreNotJudged: with a remediator scoped to the kafka pool (its
+// ConfigMap in a namespace of its own), status shows only kafka nodes and says how many it
+// left out, and explain of a general node says the remediator does not look after it instead
+// of judging it under the built-in policy.
+func TestNodesOutsideTheScopeAreNotJudged(t *testing.T) {
+	setup(t)
+	c, err := cp.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "scoped"
+	if _, err := c.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "nodevigil-remediator", Namespace: ns}, Data: map[string]string{
+		"remediator.yaml": "apiVersion: nodevigil.io/v1alpha1\nkind: RemediatorConfig\nagentNamespace: nodevigil-system\nnodeSelector: karpenter.sh/nodepool=kafka\n",
+	}}
+	if _, err := c.CoreV1().ConfigMaps(ns).Create(t.Context(), cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+
+	r := runPlugin(t, cp.KubeconfigPath(), "-n", ns, "status", "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("status exit %d: %s", r.code, r.stderr)
+	}
+	var shown []string
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	for dec.More() {
+		var row struct {
+			Name string `json:"name"`
+			Pool string `json:"pool"`
+		}
+		if err := dec.Decode(&row); err != nil {
+			t.Fatalf("decode status -o json: %v\n%s", err, r.stdout)
+		}
+		shown = append(shown, row.Name)
+		if !strings.HasPrefix(row.Name, "kafka-") {
+			t.Errorf("status shows %s (pool %s), outside the scope karpenter.sh/nodepool=kafka", row.Name, row.Pool)
+		}
+	}
+	if len(shown) == 0 {
+		t.Errorf("status shows no node; the kafka nodes are in scope:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "outside the remediator's nodeSelector (karpenter.sh/nodepool=kafka) are not shown") {
+		t.Errorf("status does not say that it left nodes out; stderr:\n%s", r.stderr)
+	}
+
+	r = runPlugin(t, cp.KubeconfigPath(), "-n", ns, "explain", "general-a-2")
+	if r.code != 0 {
+		t.Fatalf("explain exit %d: %s", r.code, r.stderr)
+	}
+	if want := "Node general-a-2 is outside the remediator's nodeSelector (karpenter.sh/nodepool=kafka)"; !strings.Contains(r.stdout, want) {
+		t.Errorf("explain of a node outside the scope: want %q, got:\n%s", want, r.stdout)
+	}
+}

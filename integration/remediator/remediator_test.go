@@ -11,6 +11,7 @@
 package remediator_test
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -135,9 +136,12 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 		Name: name, Bin: remediatorBin, Kubeconfig: e.cp.KubeconfigPath(), Namespace: e.ns, Config: configPath,
 		EC2URL: e.emu.URL(), ClusterTag: clusterTag,
 		Flags: append([]string{
-			"--leader-elect-lease-duration", "4s",
-			"--leader-elect-renew-deadline", "3s",
-			"--leader-elect-retry-period", "500ms",
+			// A leader that cannot renew within the deadline exits (a Deployment would restart
+			// it; here nobody does), so the deadline must outlast an API server stalled by a
+			// loaded CI machine; a killed leader's successor waits out the lease duration.
+			"--leader-elect-lease-duration", "15s",
+			"--leader-elect-renew-deadline", "10s",
+			"--leader-elect-retry-period", "1s",
 			"--resync-period", "10s",
 			"--termination-confirm-delay", "2s",
 		}, extra...),
@@ -165,6 +169,7 @@ type simNode struct {
 	agentOn    bool
 	skew       time.Duration // added to the renewTime the node's "clock" writes
 	taints     []string      // NoSchedule taint keys the Node is created with
+	pool       string        // the pool label's value when not the test's own
 }
 
 func (n *simNode) clock() time.Time {
@@ -198,7 +203,7 @@ func (e *env) addNode(zone string, opts ...func(*simNode)) *simNode {
 	}
 	created, err := clusterenv.CreateNode(ctx, e.client, e.emu, clusterenv.NodeSpec{
 		Name: n.name, InstanceID: id, Zone: zone, ClusterTag: clusterTag,
-		Labels: map[string]string{poolLabel: e.pool}, Taints: n.taints, Conditions: []string{"KubeletHealthy"},
+		Labels: map[string]string{poolLabel: cmp.Or(n.pool, e.pool)}, Taints: n.taints, Conditions: []string{"KubeletHealthy"},
 	})
 	if err != nil {
 		e.t.Fatal(err)

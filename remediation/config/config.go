@@ -37,6 +37,7 @@
 //	  tolerations:
 //	    silentNode: 3m
 //	    kubeletUnhealthy: 5m
+//	    scheduledReboot: 20m
 //	    conditions: {NetworkingReady: 10m, MemoryHealthy: 15m}
 //	  startupGrace: 10m
 //	  startupDeadline: 20m
@@ -126,6 +127,10 @@ const (
 	DefaultRatePerMinute      = 6.0
 	DefaultRateBurst          = 3
 	DefaultOnTimeout          = OnTimeoutProceed
+	// DefaultScheduledRebootToleration is how long a node that goes silent inside the window of an AWS
+	// scheduled reboot is tolerated (tolerations.scheduledReboot): an EC2 reboot or
+	// system-maintenance takes the instance down for a few minutes, longer than silentNode.
+	DefaultScheduledRebootToleration = 20 * time.Minute
 	// DefaultSingleSignal is the kubelet-only toleration of liveness: SingleSignal, the
 	// 30-minute class that single-signal repairers need because one heartbeat cannot tell a
 	// dead machine from a partitioned or restarting one.
@@ -170,6 +175,15 @@ type RemediatorConfig struct {
 	// cannot let one pool's trouble use up another's budget. Nodes without the label count
 	// under the policy alone. Default karpenter.sh/nodepool.
 	PoolLabel string `json:"poolLabel,omitempty"`
+	// NodeSelector is the label selector of the Nodes this remediator looks after; "" (the
+	// default) is every node. Nodes outside it are not watched: never judged, counted in the
+	// storm census or touched. It is for nodes another system owns — EKS Fargate's virtual
+	// nodes (eks.amazonaws.com/compute-type!=fargate), which have neither an EC2 instance nor
+	// an agent, Windows nodes without the agent, or pools a second remediator runs — so that
+	// they neither need a policy of their own nor skew the pauses. A node whose labels change so
+	// that it leaves the selector is forgotten where it stands: a cordon or remediation record
+	// this remediator wrote stays for an operator to clear.
+	NodeSelector string `json:"nodeSelector,omitempty"`
 	// Policies are matched in order; the first whose nodeSelector matches a node applies.
 	Policies []PolicySpec `json:"policies,omitempty"`
 }
@@ -222,6 +236,13 @@ type TolerationsSpec struct {
 	// stale as observed by the remediator, or Ready is False after the node first became
 	// ready. The agent's own KubeletHealthy condition never starts it. Default 5m.
 	KubeletUnhealthy *metav1.Duration `json:"kubeletUnhealthy,omitempty"`
+	// ScheduledReboot replaces the silentNode and kubeletUnhealthy tolerations, when it is the
+	// longer, for a node whose silence began inside the window of one of its instance's
+	// scheduled reboots (EC2 events instance-reboot, system-reboot, system-maintenance, from
+	// the agent's NoScheduledEvent condition or DescribeInstanceStatus): AWS is rebooting it,
+	// and it comes back within minutes. Default 20m; at least silentNode (equal to it gives
+	// scheduled reboots no extra time).
+	ScheduledReboot *metav1.Duration `json:"scheduledReboot,omitempty"`
 	// SingleSignal runs, under liveness: SingleSignal only, while a node whose agent was never
 	// seen has a stale kubelet (or Ready not True) after it first became ready. Default 30m,
 	// at least 10m.
@@ -259,7 +280,11 @@ type Config struct {
 	ClusterPauseThreshold intstr.IntOrString
 	// PoolLabel is the label whose value splits a policy's nodes into pools for the caps.
 	PoolLabel string
-	Policies  []Policy
+	// NodeSelector is the remediator's scope in canonical form ("" every node), for the Node
+	// informer's list and watch; Scope is it parsed, for readers that filter nodes themselves.
+	NodeSelector string
+	Scope        labels.Selector
+	Policies     []Policy
 }
 
 // RateLimit is the resolved termination rate limit.
@@ -293,6 +318,9 @@ type Policy struct {
 type Tolerations struct {
 	SilentNode       time.Duration
 	KubeletUnhealthy time.Duration
+	// ScheduledReboot is the toleration of a silence that began inside a scheduled reboot's
+	// window, used when longer than the toleration that would apply otherwise.
+	ScheduledReboot time.Duration
 	// SingleSignal is used only when the policy's Liveness is SingleSignal.
 	SingleSignal time.Duration
 	// Conditions maps a positive-polarity Node condition type to how long it may be False.

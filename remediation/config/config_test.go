@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -39,11 +40,14 @@ func TestDefault(t *testing.T) {
 	if p.Liveness != LivenessTwoSignal {
 		t.Errorf("default liveness = %q, want TwoSignal: single-signal remediation must be chosen", p.Liveness)
 	}
-	if p.Tolerations.SilentNode != 3*time.Minute || p.Tolerations.KubeletUnhealthy != 5*time.Minute || p.Tolerations.SingleSignal != 30*time.Minute || len(p.Tolerations.Conditions) != 0 {
+	if p.Tolerations.SilentNode != 3*time.Minute || p.Tolerations.KubeletUnhealthy != 5*time.Minute || p.Tolerations.SingleSignal != 30*time.Minute || p.Tolerations.ScheduledReboot != 20*time.Minute || len(p.Tolerations.Conditions) != 0 {
 		t.Errorf("default tolerations = %+v", p.Tolerations)
 	}
 	if p.MaxUnhealthy.String() != "20%" {
 		t.Errorf("default maxUnhealthy = %s, want 20%%", p.MaxUnhealthy.String())
+	}
+	if c.NodeSelector != "" || !c.Scope.Empty() {
+		t.Errorf("default scope = %q (%v), want every node", c.NodeSelector, c.Scope)
 	}
 	if got := c.PolicyFor(map[string]string{"anything": "x"}); got.Name != DefaultPolicyName {
 		t.Errorf("PolicyFor = %s, want default", got.Name)
@@ -67,6 +71,12 @@ func TestLoadFull(t *testing.T) {
 	if c.PoolLabel != "eks.amazonaws.com/nodegroup" {
 		t.Errorf("poolLabel = %q", c.PoolLabel)
 	}
+	if c.NodeSelector != "eks.amazonaws.com/compute-type!=fargate" {
+		t.Errorf("nodeSelector = %q", c.NodeSelector)
+	}
+	if c.Scope.Matches(labels.Set{"eks.amazonaws.com/compute-type": "fargate"}) || !c.Scope.Matches(labels.Set{}) {
+		t.Errorf("scope %s: a Fargate node must be out of it and an EC2 node in it", c.Scope)
+	}
 	if got := c.PoolOf(&c.Policies[1], map[string]string{"eks.amazonaws.com/nodegroup": "spot"}); got != "general/spot" {
 		t.Errorf("PoolOf with the label = %q, want general/spot", got)
 	}
@@ -78,7 +88,7 @@ func TestLoadFull(t *testing.T) {
 	}
 	g := c.Policies[1]
 	if g.Name != "general" || g.Action != ActionTerminate || g.Tolerations.SilentNode != 2*time.Minute ||
-		g.Tolerations.KubeletUnhealthy != 4*time.Minute || g.Tolerations.Conditions["NetworkingReady"] != 10*time.Minute ||
+		g.Tolerations.KubeletUnhealthy != 4*time.Minute || g.Tolerations.ScheduledReboot != 30*time.Minute || g.Tolerations.Conditions["NetworkingReady"] != 10*time.Minute ||
 		g.Tolerations.Conditions["MemoryHealthy"] != 15*time.Minute || g.StartupGrace != 5*time.Minute ||
 		g.StartupDeadline != 15*time.Minute || g.MaxInFlight != 3 || g.MaxUnhealthy.String() != "25%" ||
 		g.Drain != (Drain{Enabled: true, Timeout: 7 * time.Minute, HonorDoNotDisrupt: false, OnTimeout: OnTimeoutWait}) ||
@@ -177,6 +187,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", "", []string{"empty document"}},
 		{"not yaml", "a: [", []string{"not valid YAML"}},
 		{"duplicate key", head + "dryRun: true\ndryRun: false\n", []string{"not valid YAML", "dryRun"}},
+		{"bad node selector", head + "nodeSelector: \"pool in (a\"\n", []string{`nodeSelector: "pool in (a" is not a label selector`, "compute-type!=fargate"}},
 		{"bad pool label", head + "poolLabel: \"not a/label/key\"\n", []string{`poolLabel: "not a/label/key" is not a label key`}},
 		{"unknown top-level field", head + "dryrun: false\n", []string{"dryrun: unknown field; known fields here are", "dryRun"}},
 		{"unknown nested field", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations:\n    silentnode: 1m\n", []string{"policies[0].tolerations.silentnode: unknown field"}},
@@ -202,6 +213,9 @@ func TestParseErrors(t *testing.T) {
 		{"reserved name", head + "policies:\n- name: default\n  nodeSelector: x=y\n", []string{`policies[0].name: "default" is reserved`}},
 		{"duplicate name", head + "policies:\n- name: a\n  nodeSelector: x=y\n- name: a\n  nodeSelector: x=z\n", []string{`policies[1].name: "a" is already the name of policies[0]`}},
 		{"negative toleration", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {silentNode: -1m}\n", []string{"policies[0].tolerations.silentNode: -1m0s is negative"}},
+		{"scheduled reboot shorter than silentNode", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {silentNode: 5m, scheduledReboot: 4m}\n", []string{"policies[0].tolerations.scheduledReboot: 4m0s is shorter than tolerations.silentNode 5m0s", "use at least 5m0s"}},
+		{"scheduled reboot below the default silentNode", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {scheduledReboot: 1m}\n", []string{"policies[0].tolerations.scheduledReboot: 1m0s is shorter than tolerations.silentNode 3m0s"}},
+		{"negative scheduled reboot", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {scheduledReboot: -1m}\n", []string{"policies[0].tolerations.scheduledReboot: -1m0s is shorter than tolerations.silentNode"}},
 		{"negative polarity condition", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {conditions: {MemoryPressure: 1m}}\n", []string{"policies[0].tolerations.conditions.MemoryPressure: MemoryPressure has negative polarity"}},
 		{"bad liveness", head + "policies:\n- name: a\n  nodeSelector: x=y\n  liveness: Kubelet\n", []string{`policies[0].liveness: "Kubelet" is not a liveness mode; use TwoSignal`}},
 		{"single-signal toleration without single-signal liveness", head + "policies:\n- name: a\n  nodeSelector: x=y\n  tolerations: {singleSignal: 30m}\n", []string{"policies[0].tolerations.singleSignal: is only used with liveness: SingleSignal"}},

@@ -49,6 +49,15 @@ func resolve(doc *RemediatorConfig) (*Config, error) {
 		}
 		c.PoolLabel = doc.PoolLabel
 	}
+	c.Scope = labels.Everything()
+	if doc.NodeSelector != "" {
+		sel, err := labels.Parse(doc.NodeSelector)
+		if err != nil {
+			fail("nodeSelector", "%q is not a label selector (%v); write e.g. eks.amazonaws.com/compute-type!=fargate, or \"\" for every node", doc.NodeSelector, err)
+		} else {
+			c.Scope, c.NodeSelector = sel, sel.String()
+		}
+	}
 	if doc.DryRun != nil {
 		c.DryRun = *doc.DryRun
 	}
@@ -117,6 +126,7 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		Tolerations: Tolerations{
 			SilentNode:       DefaultSilentNode,
 			KubeletUnhealthy: DefaultKubeletUnhealthy,
+			ScheduledReboot:  DefaultScheduledRebootToleration,
 			SingleSignal:     DefaultSingleSignal,
 			Conditions:       map[string]time.Duration{},
 		},
@@ -184,6 +194,16 @@ func resolvePolicy(path string, s *PolicySpec, fail func(path, format string, ar
 		}
 		if t.KubeletUnhealthy != nil {
 			p.Tolerations.KubeletUnhealthy = nonNegative(path+".tolerations.kubeletUnhealthy", t.KubeletUnhealthy, fail)
+		}
+		if t.ScheduledReboot != nil {
+			// Below silentNode it would never extend anything: a value that silently does
+			// nothing is refused. The default is not checked: a policy with a silentNode above
+			// 20m simply gets no extension, as before the field existed.
+			if d, silent := t.ScheduledReboot.Duration, p.Tolerations.SilentNode; d < silent {
+				fail(path+".tolerations.scheduledReboot", "%s is shorter than tolerations.silentNode %s, so it would never extend the toleration of a node AWS is rebooting; use at least %s (default %s; equal to silentNode gives scheduled reboots no extra time)", d, silent, silent, DefaultScheduledRebootToleration)
+			} else {
+				p.Tolerations.ScheduledReboot = d
+			}
 		}
 		keys := make([]string, 0, len(t.Conditions))
 		for k := range t.Conditions {

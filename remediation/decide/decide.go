@@ -179,8 +179,8 @@ type Input struct {
 	SeenReadyAt time.Time
 	// ScheduledEvents are the active scheduled events EC2 lists for the node's instance
 	// (DescribeInstanceStatus), added to those the agent's NoScheduledEvent condition reports. A
-	// node that goes silent inside a scheduled reboot's window is tolerated
-	// ScheduledRebootToleration: AWS is rebooting it.
+	// node that goes silent inside a scheduled reboot's window is tolerated the policy's
+	// tolerations.scheduledReboot: AWS is rebooting it.
 	ScheduledEvents []ScheduledEvent
 	// NoMessage skips formatting the Lease parts of Decision.Message and the whole message of a
 	// healthy node, so the message is empty or incomplete; every other field is the same. The safety rails' census judges every node

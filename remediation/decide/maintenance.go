@@ -43,14 +43,6 @@ func ParseScheduledEvents(message string) []ScheduledEvent {
 	return out
 }
 
-// ScheduledRebootToleration is how long a node that goes silent inside the window of one of
-// its instance's scheduled reboots (instance-reboot, system-reboot, system-maintenance) is
-// tolerated, when that is longer than the policy's own toleration. AWS reboots the instance
-// then: its kubelet and agent stop for a few minutes and come back, and the policy's silentNode
-// toleration (3 minutes by default) would otherwise terminate a healthy instance in the middle
-// of its maintenance. A node that does not come back is still remediated, this much later.
-const ScheduledRebootToleration = 20 * time.Minute
-
 // rebootWindowSlack covers the lag between AWS starting a reboot and a Lease being judged
 // stale, and clock differences between AWS's window and this remediator.
 const rebootWindowSlack = 5 * time.Minute
@@ -58,9 +50,11 @@ const rebootWindowSlack = 5 * time.Minute
 // openRebootWindow bounds a reboot event EC2 gives no NotAfter for.
 const openRebootWindow = 2 * time.Hour
 
-// expectsReboot reports whether an event code takes the instance down briefly and brings it
-// back (retirements and stops do not bring it back).
-func expectsReboot(code string) bool {
+// ExpectsReboot reports whether an EC2 scheduled event code takes the instance down briefly
+// and brings it back (retirements and stops do not bring it back): a silence that begins in
+// such an event's window is tolerated tolerations.scheduledReboot. kubectl-nodevigil explain
+// uses it to say so.
+func ExpectsReboot(code string) bool {
 	switch code {
 	case "instance-reboot", "system-reboot", "system-maintenance":
 		return true
@@ -77,7 +71,7 @@ func rebootWindow(in Input, since time.Time) (ScheduledEvent, bool) {
 		events = append(ParseScheduledEvents(c.Message), events...)
 	}
 	for _, e := range events {
-		if !expectsReboot(e.Code) || e.NotBefore.IsZero() {
+		if !ExpectsReboot(e.Code) || e.NotBefore.IsZero() {
 			continue
 		}
 		end := e.NotAfter
@@ -91,17 +85,23 @@ func rebootWindow(in Input, since time.Time) (ScheduledEvent, bool) {
 	return ScheduledEvent{}, false
 }
 
-// tolerateReboot extends a silence verdict's toleration to ScheduledRebootToleration when the
-// silence began inside a scheduled reboot's window, and says so in its message.
+// tolerateReboot extends a silence verdict's toleration to the policy's
+// tolerations.scheduledReboot (default 20m) when the silence began inside the window of one of
+// the instance's scheduled reboots (instance-reboot, system-reboot, system-maintenance), and
+// says so in its message. AWS reboots the instance then: its kubelet and agent stop for a few
+// minutes and come back, and the silentNode toleration (3 minutes by default) would otherwise
+// terminate a healthy instance in the middle of its maintenance. A node that does not come
+// back is still remediated, this much later. in.Policy must be set.
 func tolerateReboot(in Input, d Decision) Decision {
 	e, ok := rebootWindow(in, d.Since)
 	if !ok {
 		return d
 	}
-	if until := d.Since.Add(ScheduledRebootToleration); until.After(d.EligibleAt) {
+	tol := in.Policy.Tolerations.ScheduledReboot
+	if until := d.Since.Add(tol); until.After(d.EligibleAt) {
 		d.EligibleAt = until
-		d.Message += fmt.Sprintf("; silent inside the window of scheduled %s %s (not before %s): AWS is rebooting the instance, so tolerated %s from %s",
-			e.Code, e.ID, ts(e.NotBefore), ScheduledRebootToleration, ts(d.Since))
+		d.Message += fmt.Sprintf("; silent inside the window of scheduled %s %s (not before %s): AWS is rebooting the instance, so tolerated %s from %s (scheduledReboot)",
+			e.Code, e.ID, ts(e.NotBefore), tol, ts(d.Since))
 	}
 	return d
 }

@@ -24,7 +24,8 @@ func scheduled(code string, notBefore, notAfter time.Duration) nodeOpt {
 // TestScheduledRebootIsToleratedLonger: AWS reboots an instance inside its scheduled event's
 // window; the node goes silent for minutes and comes back. The silentNode toleration (3 min)
 // must not terminate it then: a silence that began inside the window of a reboot (from the
-// agent's condition or EC2's list) is tolerated ScheduledRebootToleration (20 min).
+// agent's condition or EC2's list) is tolerated the policy's tolerations.scheduledReboot
+// (default 20 min; rows with reboot set use their own).
 func TestScheduledRebootIsToleratedLonger(t *testing.T) {
 	// Both Leases last changed at now+silentAt: stale 50 s later (40 s + 10 s grace).
 	tests := []struct {
@@ -33,10 +34,12 @@ func TestScheduledRebootIsToleratedLonger(t *testing.T) {
 		ec2      []ScheduledEvent
 		silentAt time.Duration // when the Leases last changed
 		agentUp  bool          // the agent is back, the kubelet is not
+		reboot   time.Duration // the policy's tolerations.scheduledReboot; 0: the default
 		action   Action
 		reason   string
 		requeue  time.Duration
 		msg      string
+		notMsg   string // must not be in the message, when set
 	}{
 		{name: "silent 10 min, no event: remediated after silentNode", node: node(), silentAt: -10 * time.Minute,
 			action: ActionRemediate, reason: ReasonNodeSilent},
@@ -56,6 +59,16 @@ func TestScheduledRebootIsToleratedLonger(t *testing.T) {
 			action: ActionWait, reason: ReasonNodeSilent, requeue: 10*time.Minute + 50*time.Second},
 		{name: "agent back first, kubelet still down inside the window", node: node(scheduled("system-reboot", -15*time.Minute, 105*time.Minute)), silentAt: -10 * time.Minute, agentUp: true,
 			action: ActionWait, reason: ReasonKubeletUnhealthy, msg: "AWS is rebooting the instance"},
+		{name: "custom 45m: silent 30 min inside the window is still tolerated", node: node(scheduled("system-reboot", -35*time.Minute, 85*time.Minute)), silentAt: -30 * time.Minute, reboot: 45 * time.Minute,
+			action: ActionWait, reason: ReasonNodeSilent, requeue: 15*time.Minute + 50*time.Second, msg: "tolerated 45m0s"},
+		{name: "custom 45m: silent 50 min inside the window is remediated", node: node(scheduled("system-reboot", -55*time.Minute, 65*time.Minute)), silentAt: -50 * time.Minute, reboot: 45 * time.Minute,
+			action: ActionRemediate, reason: ReasonNodeSilent, msg: "tolerated 45m0s"},
+		{name: "custom 8m: silent 10 min inside the window is remediated", node: node(scheduled("system-reboot", -15*time.Minute, 105*time.Minute)), silentAt: -10 * time.Minute, reboot: 8 * time.Minute,
+			action: ActionRemediate, reason: ReasonNodeSilent, msg: "tolerated 8m0s"},
+		{name: "custom equal to silentNode: no extension", node: node(scheduled("system-reboot", -15*time.Minute, 105*time.Minute)), silentAt: -2 * time.Minute, reboot: 3 * time.Minute,
+			action: ActionWait, reason: ReasonNodeSilent, requeue: time.Minute + 50*time.Second, msg: "silentNode toleration 3m0s", notMsg: "AWS is rebooting"},
+		{name: "custom 45m applies to the kubelet toleration too", node: node(scheduled("system-reboot", -35*time.Minute, 85*time.Minute)), silentAt: -30 * time.Minute, agentUp: true, reboot: 45 * time.Minute,
+			action: ActionWait, reason: ReasonKubeletUnhealthy, msg: "tolerated 45m0s"},
 		{name: "healthy node with a reboot pending: nothing to tolerate", node: node(scheduled("system-reboot", time.Hour, 3*time.Hour)), silentAt: -5 * time.Second, agentUp: true,
 			action: ActionNone, reason: ReasonHealthy},
 	}
@@ -66,8 +79,12 @@ func TestScheduledRebootIsToleratedLonger(t *testing.T) {
 			if tc.agentUp {
 				agent = freshAgent
 			}
+			p := policy()
+			if tc.reboot != 0 {
+				p.Tolerations.ScheduledReboot = tc.reboot
+			}
 			d := Decide(Input{
-				Node: tc.node, Policy: policy(), Now: now, ObservingSince: at(-48 * time.Hour), ObservePeriod: time.Minute,
+				Node: tc.node, Policy: p, Now: now, ObservingSince: at(-48 * time.Hour), ObservePeriod: time.Minute,
 				KubeletLease: kub, KubeletObserved: kub.Spec.RenewTime.Time,
 				AgentLease: agent, AgentObserved: agent.Spec.RenewTime.Time,
 				ScheduledEvents: tc.ec2,
@@ -80,6 +97,9 @@ func TestScheduledRebootIsToleratedLonger(t *testing.T) {
 			}
 			if !strings.Contains(d.Message, tc.msg) {
 				t.Errorf("message %q lacks %q", d.Message, tc.msg)
+			}
+			if tc.notMsg != "" && strings.Contains(d.Message, tc.notMsg) {
+				t.Errorf("message %q has %q", d.Message, tc.notMsg)
 			}
 		})
 	}

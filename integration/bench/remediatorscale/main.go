@@ -41,6 +41,9 @@
 // -batches spreads the silenced nodes over several moments (-batch-gap apart): one batch is a
 // mass failure (every toleration ends in the same instant), small batches are the common case.
 // -kube-api-qps, -kube-api-burst, -workers and -remediator-env tune the remediator process.
+// -remediator-bin runs a given build instead of this tree's (a before/after in one load window);
+// -startup-only stops once every node is judged, and -startup-profile-every (with -pprof-dir)
+// takes heap profiles while the informers still list, to see what the initial lists retain.
 package main
 
 import (
@@ -90,6 +93,9 @@ type options struct {
 	countAPI                bool
 	pprofDir                string
 	remLog                  string
+	remBin                  string
+	startupEvery            time.Duration
+	startupOnly             bool
 }
 
 // envList is a repeatable KEY=VALUE flag.
@@ -128,7 +134,10 @@ func main() {
 	flag.BoolVar(&o.countAPI, "count-api", true, "send the remediator through a counting proxy and report its API requests per phase")
 	flag.Var(&o.remEnv, "remediator-env", "KEY=VALUE added to the remediator's environment (repeatable), e.g. GOMEMLIMIT=120MiB or KUBE_FEATURE_WatchListClient=true")
 	flag.StringVar(&o.remLog, "remediator-log", "", "write the remediator's whole output (its JSON log, and e.g. GODEBUG=gctrace=1 lines) to this file at the end")
-	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz and after the first judgement of every node, CPU over the silence (stale + toleration + 20 s)")
+	flag.StringVar(&o.pprofDir, "pprof-dir", "", "run the remediator with --pprof-address and write profiles here: heap at /readyz, after the first judgement of every node and at the end of the steady window, CPU over the silence (stale + toleration + 20 s)")
+	flag.StringVar(&o.remBin, "remediator-bin", "", "run this nodevigil-remediator binary instead of building the one of this tree (e.g. a build of an older commit, for a before/after in the same load window)")
+	flag.DurationVar(&o.startupEvery, "startup-profile-every", 0, "with -pprof-dir: also take a heap profile this often while /readyz is not yet ready (heap-startup-N.pprof), to see what the initial lists retain")
+	flag.BoolVar(&o.startupOnly, "startup-only", false, "stop after start-up (every node judged): print the start-up RSS and skip the observe, steady and silence phases")
 	flag.Parse()
 	benchmain.Main("remediatorscale", o.validate, func(ctx context.Context) error { return run(ctx, o) })
 }
@@ -200,12 +209,21 @@ func run(ctx context.Context, o options) (err error) {
 	res := &result{o: o}
 
 	// No kube-controller-manager: see the package comment.
-	setup, err := benchmain.Start(ctx, "remediatorscale", c.logf, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
+	var pkgs []string
+	if o.remBin == "" {
+		pkgs = append(pkgs, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
+	}
+	setup, err := benchmain.Start(ctx, "remediatorscale", c.logf, pkgs...)
 	if err != nil {
 		return err
 	}
 	defer setup.Close()
-	dir, cp, bin := setup.Dir, setup.CP, setup.Bins[0]
+	dir, cp, bin := setup.Dir, setup.CP, o.remBin
+	if bin == "" {
+		bin = setup.Bins[0]
+	} else {
+		c.logf("remediator binary %s", bin)
+	}
 	rc := cp.Config()
 	rc.QPS, rc.Burst = 2000, 4000
 	rc.ContentType = "application/vnd.kubernetes.protobuf"
@@ -364,7 +382,26 @@ func run(ctx context.Context, o options) (err error) {
 	go smp.run(sampCtx, o.sample, rem.Pid(), cp.Pids())
 
 	// Phase 1: list and sync.
-	if err := waitFor(ctx, rem, 10*time.Minute, func() bool { return testbin.HTTPStatus(ctx, base+"/readyz") == 200 }); err != nil {
+	var startupWG sync.WaitGroup
+	startupCtx, stopStartup := context.WithCancel(ctx)
+	if pprofBase != "" && o.startupEvery > 0 {
+		startupWG.Add(1)
+		go func() {
+			defer startupWG.Done()
+			for i := 1; ; i++ {
+				select {
+				case <-startupCtx.Done():
+					return
+				case <-time.After(o.startupEvery):
+				}
+				profile(fmt.Sprintf("heap-startup-%02d.pprof", i), "heap")
+			}
+		}()
+	}
+	err = waitFor(ctx, rem, 10*time.Minute, func() bool { return testbin.HTTPStatus(ctx, base+"/readyz") == 200 })
+	stopStartup()
+	startupWG.Wait()
+	if err != nil {
 		return fmt.Errorf("remediator /readyz: %w", err)
 	}
 	readyAt := time.Now()
@@ -399,6 +436,19 @@ func run(ctx context.Context, o options) (err error) {
 	res.judgedAfter = syncEnd.Sub(remStart)
 	profile("heap-judged.pprof", "heap")
 	res.phases = append(res.phases, smp.phase("start-up: list, sync, lead, first judgement of every node", remStart, syncEnd))
+	if o.startupOnly {
+		p := res.phases[0]
+		m, err := scrape(ctx, base)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| remediator | %s |\n", res.qpsNote)
+		fmt.Printf("| start-up | /readyz after %s; every node judged after %s |\n", res.readyAfter.Round(time.Millisecond), res.judgedAfter.Round(time.Millisecond))
+		fmt.Printf("| RSS %s (%s) | median %.1f MiB · max %.1f MiB (%s in) · VmHWM %.1f MiB · CPU %.0f mCPU |\n", p.name, p.dur.Round(time.Second), p.rssMedian, p.rssMax, p.maxAfter.Round(100*time.Millisecond), p.hwm, p.remCPU)
+		fmt.Printf("| Go heap at the end of start-up | in use %.1f MiB · allocated since start %.1f MiB in %.0f objects |\n",
+			m.get("go_memstats_heap_inuse_bytes")/(1<<20), m.get("go_memstats_alloc_bytes_total")/(1<<20), m.get("go_memstats_mallocs_total"))
+		return nil
+	}
 	apiSync := snap()
 	if err := sleepWatch(ctx, rem, time.Until(observeEnd.Add(5*time.Second))); err != nil {
 		return err
@@ -422,6 +472,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	steadyEnd := time.Now()
+	profile("heap-steady.pprof", "heap")
 	res.steadyRenewRate = float64(f.renewals.Load()-renew0) / steadyEnd.Sub(steadyStart).Seconds()
 	res.phases = append(res.phases, smp.phase("steady: all nodes healthy", steadyStart, steadyEnd))
 	apiSteady := snap()

@@ -38,6 +38,7 @@ import (
 	"github.com/nodevigil/nodevigil/agent/nodepatch"
 	"github.com/nodevigil/nodevigil/agent/taints"
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 )
 
 // Component is the Event source and the first half of the user agent.
@@ -179,6 +180,13 @@ type Config struct {
 	Registry *prometheus.Registry
 	// Recorder records Events on the Node (default: an events.Recorder writing to Events).
 	Recorder taints.EventRecorder
+	// Grid, when on, is the process's shared schedule (package wakeup): check cycles and Lease
+	// renewals fall on its points (Origin + k·interval) instead of their own offsets, so they
+	// share wake-ups with each other and with the AWS event watcher's polls (the binary gives
+	// the watcher the same Grid). A Lease renewal on the Grid has no jitter: the Grid's random
+	// Origin spreads the agents of a cluster instead. Off (the zero Grid), the check loop ticks
+	// from its start and renewals are jittered.
+	Grid wakeup.Grid
 	// Clock is the time source (default the real clock).
 	Clock clock.WithTicker
 	// Logger (default slog.Default()).
@@ -317,7 +325,7 @@ func New(cfg Config) (*Agent, error) {
 	a.lease, err = heartbeat.New(heartbeat.Config{
 		Leases: cfg.Leases, Nodes: cfg.Nodes, NodeName: cfg.NodeName, Namespace: cfg.Namespace, HolderIdentity: cfg.PodName,
 		LeaseDuration: cfg.LeaseDuration, RenewInterval: cfg.LeaseRenewInterval, RenewTimeout: cfg.LeaseRenewTimeout,
-		Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
+		Grid: cfg.Grid, Clock: cfg.Clock, Logger: cfg.Logger, Registerer: cfg.Registry,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
@@ -451,19 +459,7 @@ func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 	log.Info("agent started", "listen_address", ln.Addr().String(), "checks", len(a.cfg.Checks),
 		"kubelet_repair", a.cfg.Repairer != nil)
 
-	ticker := a.cfg.Clock.NewTicker(a.cfg.CheckInterval)
-	for {
-		a.cycle(ctx)
-		select {
-		case <-ctx.Done():
-		case <-ticker.C():
-			continue
-		case <-a.cfg.Wake: // nil when unset: never ready
-			continue
-		}
-		break
-	}
-	ticker.Stop()
+	a.loop(ctx)
 
 	log.Info("agent stopping")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
@@ -474,6 +470,50 @@ func (a *Agent) serve(ctx context.Context, ln net.Listener) error {
 	wg.Wait()
 	log.Info("agent stopped")
 	return nil
+}
+
+// loop runs a cycle now, then every CheckInterval (on the Grid's points when it is on) and
+// whenever Wake receives, until ctx is done.
+func (a *Agent) loop(ctx context.Context) {
+	if !a.cfg.Grid.On() {
+		ticker := a.cfg.Clock.NewTicker(a.cfg.CheckInterval)
+		defer ticker.Stop()
+		for {
+			a.cycle(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C():
+			case <-a.cfg.Wake: // nil when unset: never ready
+			}
+		}
+	}
+	var timer clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	next := a.cfg.Clock.Now()
+	for {
+		a.cycle(ctx)
+		if now := a.cfg.Clock.Now(); !now.Before(next) {
+			next = a.cfg.Grid.Next(now, a.cfg.CheckInterval)
+		} // else a cycle woken early (Wake): the scheduled one stays in place
+		d := next.Sub(a.cfg.Clock.Now())
+		if timer == nil {
+			timer = a.cfg.Clock.NewTimer(d)
+		} else {
+			timer.Stop()
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C():
+		case <-a.cfg.Wake:
+		}
+	}
 }
 
 // seed reads the Node once and hands each Seeder its check's condition, before the checks'

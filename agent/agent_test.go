@@ -28,6 +28,7 @@ import (
 	"github.com/nodevigil/nodevigil/agent/conditions"
 	"github.com/nodevigil/nodevigil/agent/taints"
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 )
 
 const nodeName = "node-a"
@@ -678,5 +679,69 @@ func TestStartedOnceConditionsReported(t *testing.T) {
 				t.Errorf("Started called %d times, want once", got)
 			}
 		})
+	}
+}
+
+// countingCheck counts its runs.
+type countingCheck struct {
+	fakeCheck
+	runs atomic.Int32
+}
+
+func (c *countingCheck) Check(ctx context.Context) collectors.Result {
+	c.runs.Add(1)
+	return c.fakeCheck.Check(ctx)
+}
+
+// TestLoopFollowsTheGrid: with a Grid, check cycles fall on its points (shared with the Lease
+// renewal and the AWS event watcher) rather than CheckInterval after the loop started, and a
+// cycle woken early (Wake) leaves the next scheduled one where it was.
+func TestLoopFollowsTheGrid(t *testing.T) {
+	counter := &countingCheck{fakeCheck: fakeCheck{name: "memory"}}
+	counter.set(collectors.StatusHealthy, "OK", nil)
+	wake := make(chan struct{}, 1)
+	h := newHarness(t, func(c *Config) {
+		c.Checks = []Checker{counter}
+		c.GatingChecks = []collectors.CheckName{"memory"}
+		c.Grid = wakeup.Grid{Origin: t0.Add(-3 * time.Second)}
+		c.Wake = wake
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.agent.loop(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s (%d cycles)", what, counter.runs.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor("the first cycle", func() bool { return counter.runs.Load() == 1 && h.clock.HasWaiters() })
+	for _, st := range []struct {
+		at     time.Duration // after t0
+		wake   bool
+		cycles int32
+	}{
+		{7*time.Second - time.Millisecond, false, 1}, // the Grid's point is origin+10s = t0+7s
+		{7 * time.Second, false, 2},
+		{8 * time.Second, true, 3}, // woken early
+		{17*time.Second - time.Millisecond, false, 3},
+		{17 * time.Second, false, 4}, // the scheduled cycle stayed on the Grid
+	} {
+		h.clock.SetTime(t0.Add(st.at))
+		if st.wake {
+			wake <- struct{}{}
+		}
+		if st.cycles > counter.runs.Load() {
+			waitFor(fmt.Sprintf("cycle %d", st.cycles), func() bool { return counter.runs.Load() >= st.cycles })
+		}
+		waitFor("the loop to wait", h.clock.HasWaiters)
+		if got := counter.runs.Load(); got != st.cycles {
+			t.Fatalf("at t0+%v: %d cycles, want %d", st.at, got, st.cycles)
+		}
 	}
 }

@@ -29,6 +29,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 )
 
 // NodeLabel is set on every agent Lease with the node name as value, so the remediator can
@@ -94,6 +96,11 @@ type Config struct {
 	// RetryInitialBackoff is the wait after a first failure; it doubles up to RenewInterval
 	// (default 500ms).
 	RetryInitialBackoff time.Duration
+	// Grid, when on, puts each renewal after a success on the process's shared schedule
+	// (package wakeup), with no jitter (the Grid's random Origin spreads a cluster's agents),
+	// so it shares its wake-up with the check cycle and the AWS event watcher. Retries after a
+	// failure keep their backoff. Off (the zero Grid), each wait is RenewInterval plus jitter.
+	Grid wakeup.Grid
 	// Clock is the time source (default the real clock).
 	Clock clock.WithTicker
 	// Rand returns a number in [0,1) for the jitter (default math/rand/v2).
@@ -210,7 +217,12 @@ func (r *Renewer) Run(ctx context.Context) {
 			}
 			failures = 0
 		}
-		wait += time.Duration(r.cfg.Rand() * r.cfg.JitterFactor * float64(wait))
+		if failures == 0 && r.cfg.Grid.On() {
+			now := r.cfg.Clock.Now()
+			wait = r.cfg.Grid.Next(now, r.cfg.RenewInterval).Sub(now)
+		} else {
+			wait += time.Duration(r.cfg.Rand() * r.cfg.JitterFactor * float64(wait))
+		}
 		t := r.cfg.Clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():

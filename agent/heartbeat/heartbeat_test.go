@@ -3,6 +3,7 @@ package heartbeat
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -22,6 +23,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 )
 
 const (
@@ -332,6 +335,85 @@ func TestNewRejectsBadTiming(t *testing.T) {
 		tc.mut(&c)
 		if _, err := New(c); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
+		}
+	}
+}
+
+// TestRunRenewsOnTheGrid: with a Grid, a renewal after a success falls on the Grid's next
+// point (shared with the agent's other periodic jobs) with no jitter; a retry after a failure
+// keeps its backoff and the renewal after it returns to the Grid.
+func TestRunRenewsOnTheGrid(t *testing.T) {
+	client := fake.NewClientset(newNode())
+	clk := clocktesting.NewFakeClock(t0)
+	r, err := New(Config{
+		Leases: client.CoordinationV1().Leases(ns), Nodes: client.CoreV1().Nodes(), NodeName: nodeName, Namespace: ns, HolderIdentity: pod,
+		Grid:  wakeup.Grid{Origin: t0.Add(-3 * time.Second)},
+		Clock: clk, Rand: func() float64 { return 0.99 }, // jitter, were it applied, would be ~1 s
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	failing := false
+	var writes []time.Time
+	client.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if a.GetVerb() == "get" {
+			return false, nil, nil
+		}
+		writes = append(writes, clk.Now())
+		if failing {
+			return true, nil, errors.New("apiserver down")
+		}
+		return false, nil, nil
+	})
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(writes) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	stepTo := func(at time.Duration) {
+		t.Helper()
+		waitFor("run to wait", clk.HasWaiters)
+		clk.SetTime(t0.Add(at))
+	}
+	waitFor("first write", func() bool { return count() == 1 })
+	for _, s := range []struct {
+		at      time.Duration
+		writes  int
+		failing bool // the API server during the step
+	}{
+		{7*time.Second - time.Millisecond, 1, false}, // the Grid's point is origin+10s = t0+7s
+		{7 * time.Second, 2, false},
+		{17*time.Second - time.Millisecond, 2, false},
+		{17 * time.Second, 3, true},                       // fails
+		{17*time.Second + 600*time.Millisecond, 4, false}, // the retry's own backoff (0.5 s + jitter), off the Grid
+		{27*time.Second - time.Millisecond, 4, false},     // then back on the Grid, no jitter
+		{27 * time.Second, 5, false},
+	} {
+		mu.Lock()
+		failing = s.failing
+		mu.Unlock()
+		stepTo(s.at)
+		waitFor("run to wait again", clk.HasWaiters)
+		if s.writes > count() {
+			waitFor(fmt.Sprintf("write %d at t0+%v", s.writes, s.at), func() bool { return count() >= s.writes })
+		}
+		if got := count(); got != s.writes {
+			t.Fatalf("at t0+%v: %d writes, want %d", s.at, got, s.writes)
 		}
 	}
 }

@@ -120,3 +120,17 @@ func TestClassifyReadsTypesNotText(t *testing.T) {
 		})
 	}
 }
+
+// TestNoReadWithoutAToken: IMDSv2 only. Where no session token can be had (an IMDSv1-only
+// proxy), no metadata path is read at all, not even once as a fallback.
+func TestNoReadWithoutAToken(t *testing.T) {
+	s, url, clk := emulated(t, ec2emu.LifecycleSpot)
+	s.SetIMDSMode(instanceID, ec2emu.IMDSv1Only)
+	w := newWatcher(t, Config{Endpoint: url, OneShot: true, Clock: clk})
+	if r := check(t, w, collectors.CheckSpotInterruption); r.Reason != ReasonIMDSv1Only {
+		t.Fatalf("got %s/%s (%s), want Unknown/%s", r.Status, r.Reason, r.Message, ReasonIMDSv1Only)
+	}
+	if tokens, reads := s.IMDSCalls(instanceID); tokens == 0 || reads != 0 {
+		t.Errorf("%d token requests, %d metadata reads; want at least one token request and no read", tokens, reads)
+	}
+}

@@ -44,6 +44,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 )
 
 // Metadata paths, under /latest/meta-data/.
@@ -127,6 +128,12 @@ type Config struct {
 	// OneShot is the `check` command: every Check reads the service itself, and a pending
 	// event is a Warning instead of Unhealthy (see the check command's help).
 	OneShot bool
+	// Grid, when on, puts every poll that succeeded on the process's shared schedule
+	// (package wakeup): the next poll of a group is at the grid's next point of its interval,
+	// not the interval after this one ended, so the spot polls carry the agent's other periodic
+	// work (check cycle, Lease renewal) on their wake-ups. Retries after a failure keep their
+	// own backoff. Off (the zero Grid), each group's next poll is its interval after the last.
+	Grid wakeup.Grid
 	// Clock is the time source (default the real clock).
 	Clock clock.Clock
 	// Logger (default slog.Default()).
@@ -283,6 +290,11 @@ func New(cfg Config) (*Watcher, error) {
 
 // envMetadataDisabled is the SDK's switch that turns its metadata client off.
 const envMetadataDisabled = "AWS_EC2_METADATA_DISABLED"
+
+// SetGrid puts the Watcher's polls on the process's shared schedule (Config.Grid). Call it
+// before Run: the binary builds the Watcher with the other checks, before the schedule the
+// agent shares with it exists.
+func (w *Watcher) SetGrid(g wakeup.Grid) { w.cfg.Grid = g }
 
 func (w *Watcher) newClient() *imds.Client {
 	return imds.New(imds.Options{
@@ -515,6 +527,11 @@ func (w *Watcher) pollGroup(ctx context.Context, g *group) {
 		}
 	}
 	delay := g.interval
+	if !failed && w.cfg.Grid.On() {
+		g.failures = 0
+		g.next = w.cfg.Grid.Next(w.cfg.Clock.Now(), g.interval)
+		return
+	}
 	if failed {
 		w.mu.Lock()
 		w.lifeCycle = "" // read it again once the service answers

@@ -2,6 +2,7 @@ package imds
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 )
 
@@ -189,4 +191,44 @@ func TestRebalanceReadOnItsOwnInterval(t *testing.T) {
 		return s.IMDSPathReads(instanceID, PathRebalance) > before
 	})
 	waitLatest(t, w, collectors.CheckRebalanceRecommendation, reason(ReasonRebalanceRecommendation))
+}
+
+// TestPollsFollowTheGrid: with a Grid the spot group's next poll after a success is the
+// Grid's next point, not an interval after the last poll, so it shares its wake-up with the
+// agent's other periodic jobs on the same Grid.
+func TestPollsFollowTheGrid(t *testing.T) {
+	s, url, clk := emulated(t, ec2emu.LifecycleSpot)
+	w := newWatcher(t, Config{Endpoint: url, Clock: clk, Timeout: 5 * time.Second,
+		Grid: wakeup.Grid{Origin: epoch.Add(-500 * time.Millisecond)}})
+	runWatcher(t, w)
+	reads := func() int { return s.IMDSPathReads(instanceID, PathSpot) }
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s (%d spot reads)", what, reads())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor("the first poll", func() bool { return reads() == 1 && clk.HasWaiters() })
+	for _, st := range []struct {
+		at    time.Duration // after epoch
+		reads int
+	}{
+		{1500*time.Millisecond - time.Millisecond, 1}, // the Grid's point is origin+2s = epoch+1.5s
+		{1500 * time.Millisecond, 2},
+		{3500*time.Millisecond - time.Millisecond, 2},
+		{3500 * time.Millisecond, 3},
+	} {
+		clk.SetTime(epoch.Add(st.at))
+		if st.reads > reads() {
+			waitFor(fmt.Sprintf("read %d", st.reads), func() bool { return reads() >= st.reads })
+		}
+		waitFor("the watcher to wait", clk.HasWaiters)
+		if got := reads(); got != st.reads {
+			t.Fatalf("at epoch+%v: %d spot reads, want %d", st.at, got, st.reads)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"embed"
 	"errors"
 	"fmt"
@@ -90,7 +91,23 @@ type component struct {
 	module      string // directory under buildmod/
 	pkg         string // package to build
 	ldflags     string
-	cacheSubdir string
+	cacheSubdir string // version and buildModuleKey: new inputs, new directory
+}
+
+// buildModuleKey returns "-" and a short hash of a build module's embedded go.mod and go.sum,
+// for the cache directory's name. The dependency versions there are chosen to match this
+// module's (docs/benchmarks.md, "CI time"), so they change without the component's version
+// changing; a cache built from other versions is then not mistaken for this one.
+func buildModuleKey(module string) string {
+	h := sha256.New()
+	for _, f := range []string{"go.mod", "go.sum"} {
+		data, err := buildModules.ReadFile("buildmod/" + module + "/" + f + ".txt")
+		if err != nil { // cannot happen: embedded at compile time; writeBuildModule reports it
+			return ""
+		}
+		h.Write(data)
+	}
+	return fmt.Sprintf("-%x", h.Sum(nil)[:4])
 }
 
 var (
@@ -98,7 +115,7 @@ var (
 		name: "etcd", version: EtcdVersion, module: "etcd",
 		versionRE:   regexp.MustCompile(`etcd Version: 3\.5\.`),
 		pkg:         "go.etcd.io/etcd/server/v3",
-		cacheSubdir: "etcd-" + EtcdVersion,
+		cacheSubdir: "etcd-" + EtcdVersion + buildModuleKey("etcd"),
 	}
 	k8sLDFlags = "-s -w -X k8s.io/component-base/version.gitVersion=" + KubernetesVersion +
 		" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34"
@@ -107,14 +124,14 @@ var (
 		versionRE:   regexp.MustCompile(`Kubernetes v1\.34\.`),
 		pkg:         "k8s.io/kubernetes/cmd/kube-apiserver",
 		ldflags:     k8sLDFlags,
-		cacheSubdir: "kubernetes-" + KubernetesVersion,
+		cacheSubdir: "kubernetes-" + KubernetesVersion + buildModuleKey("kubernetes"),
 	}
 	controllerManagerComponent = component{
 		name: "kube-controller-manager", version: KubernetesVersion, module: "kubernetes",
 		versionRE:   regexp.MustCompile(`Kubernetes v1\.34\.`),
 		pkg:         "k8s.io/kubernetes/cmd/kube-controller-manager",
 		ldflags:     k8sLDFlags,
-		cacheSubdir: "kubernetes-" + KubernetesVersion,
+		cacheSubdir: "kubernetes-" + KubernetesVersion + buildModuleKey("kubernetes"),
 	}
 )
 
@@ -224,7 +241,7 @@ func build(ctx context.Context, cfg BuildConfig, comps []component) error {
 		names[i], pkgs[i] = c.name, c.pkg
 	}
 	what := strings.Join(names, " and ")
-	src := filepath.Join(cfg.CacheDir, "src", first.module+"-"+first.version)
+	src := filepath.Join(cfg.CacheDir, "src", first.cacheSubdir)
 	if err := writeBuildModule(first.module, src); err != nil {
 		return err
 	}

@@ -177,3 +177,17 @@ done
 		t.Errorf("a warm cache must build nothing; go was called again:\n%s", again)
 	}
 }
+
+// TestCacheDirNamesTheBuildModule: a component's cache directory carries a hash of its build
+// module, so that binaries built from other dependency versions are not taken from the cache.
+func TestCacheDirNamesTheBuildModule(t *testing.T) {
+	for _, c := range []component{etcdComponent, apiServerComponent, controllerManagerComponent, kwokComponent} {
+		want := c.module + "-" + c.version + buildModuleKey(c.module)
+		if len(buildModuleKey(c.module)) != len("-01234567") || c.cacheSubdir != want {
+			t.Errorf("%s: cache directory %q, want %q with an 8-digit build-module hash", c.name, c.cacheSubdir, want)
+		}
+	}
+	if buildModuleKey("etcd") == buildModuleKey("kubernetes") {
+		t.Errorf("etcd and kubernetes build modules hash alike: %s", buildModuleKey("etcd"))
+	}
+}

@@ -17,7 +17,7 @@ var kwokComponent = component{
 	versionRE:   regexp.MustCompile(`(?i)kwok`),
 	pkg:         "sigs.k8s.io/kwok/cmd/kwok",
 	ldflags:     "-s -w",
-	cacheSubdir: "kwok-" + KwokVersion,
+	cacheSubdir: "kwok-" + KwokVersion + buildModuleKey("kwok"),
 }
 
 // FindOrBuildKwok returns the path of a kwok binary: from $NODEVIGIL_CONTROL_PLANE_ASSETS when

@@ -31,7 +31,7 @@ func TestFindOrBuildKwok(t *testing.T) {
 				fakeBinary(t, assets, "kwok", "kwok version v0.7.0 go1.26.8 (linux/amd64)")
 			}
 			if tt.cached {
-				fakeBinary(t, filepath.Join(cache, "kwok-"+KwokVersion), "kwok", "kwok version")
+				fakeBinary(t, filepath.Join(cache, kwokComponent.cacheSubdir), "kwok", "kwok version")
 			}
 			var progress bytes.Buffer
 			// A go command that does not exist: any build attempt fails, naming what it built.
@@ -48,7 +48,7 @@ func TestFindOrBuildKwok(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := filepath.Join(cache, "kwok-"+KwokVersion, "kwok")
+			want := filepath.Join(cache, kwokComponent.cacheSubdir, "kwok")
 			if tt.want == "assets" {
 				want = filepath.Join(assets, "kwok")
 			}

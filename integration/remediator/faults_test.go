@@ -6,6 +6,7 @@ package remediator_test
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -34,8 +35,16 @@ const (
 	silentNodeT = 3 * time.Second // faultPolicy's silentNode toleration
 )
 
+// metrics scrapes r, retrying for up to 30 s: one scrape can miss clusterenv.Get's 2 s limit
+// on a loaded machine, and a missed scrape must not read as a metric's absence (-1).
 func (e *env) metrics(r *replica) string {
-	_, body := httpGet(e.t.Context(), r.metrics+"/metrics")
+	e.t.Helper()
+	var body string
+	e.eventually(r.name+" /metrics answering", 30*time.Second, func(ctx context.Context) (bool, error) {
+		var code int
+		code, body = httpGet(ctx, r.metrics+"/metrics")
+		return code == http.StatusOK, nil
+	})
 	return body
 }
 

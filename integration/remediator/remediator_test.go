@@ -136,9 +136,12 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 		Name: name, Bin: remediatorBin, Kubeconfig: e.cp.KubeconfigPath(), Namespace: e.ns, Config: configPath,
 		EC2URL: e.emu.URL(), ClusterTag: clusterTag,
 		Flags: append([]string{
-			"--leader-elect-lease-duration", "4s",
-			"--leader-elect-renew-deadline", "3s",
-			"--leader-elect-retry-period", "500ms",
+			// A leader that cannot renew within the deadline exits (a Deployment would restart
+			// it; here nobody does), so the deadline must outlast an API server stalled by a
+			// loaded CI machine; a killed leader's successor waits out the lease duration.
+			"--leader-elect-lease-duration", "15s",
+			"--leader-elect-renew-deadline", "10s",
+			"--leader-elect-retry-period", "1s",
 			"--resync-period", "10s",
 			"--termination-confirm-delay", "2s",
 		}, extra...),

@@ -154,7 +154,9 @@ func (w *world) startRemediator(name string) *testbin.Process {
 		"--kubeconfig", cp.KubeconfigPath(), "--namespace", w.ns, "--config", w.cfg,
 		"--listen-address", "127.0.0.1:0", "--metrics-secure=false", "--ec2-endpoint", w.emu.URL(), "--aws-region", "us-east-1",
 		"--cluster-tag-key", clusterTag,
-		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
+		// Generous enough that a leader survives an API server stalled by a loaded machine
+		// (a lost lease ends the process, and nothing restarts it here).
+		"--leader-elect-lease-duration", "15s", "--leader-elect-renew-deadline", "10s", "--leader-elect-retry-period", "1s",
 		"--resync-period", "10s", "--termination-confirm-delay", "2s", "--scheduled-events-interval", "10s",
 		"--log-format", "text",
 	}, "POD_NAME="+name, "AWS_ACCESS_KEY_ID=scenario", "AWS_SECRET_ACCESS_KEY=scenario", "AWS_CA_BUNDLE=")

@@ -58,6 +58,7 @@ import (
 	"github.com/nodevigil/nodevigil/collectors/imds"
 	"github.com/nodevigil/nodevigil/collectors/kubelet"
 	"github.com/nodevigil/nodevigil/collectors/memory"
+	"github.com/nodevigil/nodevigil/collectors/wakeup"
 	buildinfo "github.com/nodevigil/nodevigil/version"
 )
 
@@ -321,9 +322,13 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 		rep = repairer{r}
 	}
 
+	// One schedule for every periodic job (check cycle, Lease renewal, AWS event polls), so
+	// they share wake-ups (package wakeup); its random origin spreads a cluster's agents.
+	grid := wakeup.NewGrid(time.Now(), max(cfg.CheckInterval.Duration, cfg.LeaseRenewInterval.Duration, agent.DefaultCheckInterval))
 	var wake <-chan struct{}
 	var extra []prometheus.Collector
 	if w := imdsWatcher(checks); w != nil {
+		w.SetGrid(grid)
 		wake, extra = w.Changed(), []prometheus.Collector{w}
 		wctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -358,6 +363,7 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 		Wake:                 wake,
 		Collectors:           extra,
 		Started:              func() { releaseStartup(log) },
+		Grid:                 grid,
 		ListenAddress:        cfg.ListenAddress,
 		Logger:               log,
 	})

@@ -186,14 +186,18 @@ func startFakeSystemdWith(t testing.TB, addr string, withNRestarts bool) *fakeSy
 
 // set changes the unit as systemd would: the Service properties first, then the Unit state
 // whose PropertiesChanged signal go-systemd forwards, so a reader woken by that signal sees
-// a consistent unit.
-func (f *fakeSystemd) set(active, sub, result string, nrestarts uint32) {
+// a consistent unit. It returns how many properties it set: each emits one PropertiesChanged
+// signal, which a test waits for before it steps its clock.
+func (f *fakeSystemd) set(active, sub, result string, nrestarts uint32) int {
+	n := 3
 	f.props.SetMust(sdServiceIface, "Result", result)
 	if f.withNRestarts {
 		f.props.SetMust(sdServiceIface, "NRestarts", nrestarts)
+		n++
 	}
 	f.props.SetMust(sdUnitIface, "ActiveState", active)
 	f.props.SetMust(sdUnitIface, "SubState", sub)
+	return n
 }
 
 // crash imitates one automatic restart cycle of systemd between two checks: the main
@@ -206,15 +210,18 @@ func (f *fakeSystemd) crash(t testing.TB, result string, seen func() int) {
 	f.pid++
 	n, pid := f.nrestarts, f.pid
 	f.mu.Unlock()
+	// Every signal of the cycle is waited for, not only the first: one still queued when the
+	// test steps its clock or checks would be folded in at the wrong time (CI saw a restart
+	// counted after an 11-minute step, and a check that ran before the OOM kill's Result).
 	before := seen()
 	f.props.SetMust(sdServiceIface, "MainPID", uint32(0))
-	f.set("activating", "auto-restart", result, n)
-	waitSeen(t, seen, before+1)
+	signals := 1 + f.set("activating", "auto-restart", result, n)
+	waitSeen(t, seen, before+signals)
 	before = seen()
 	f.props.SetMust(sdServiceIface, "MainPID", pid)
 	f.props.SetMust(sdServiceIface, "ExecMainStartTimestamp", uint64(1_700_000_000_000_000)+uint64(pid))
-	f.set("active", "running", "success", n)
-	waitSeen(t, seen, before+1)
+	signals = 2 + f.set("active", "running", "success", n)
+	waitSeen(t, seen, before+signals)
 }
 
 // waitSeen polls until the collector has folded in at least want signalled observations.
@@ -300,19 +307,33 @@ func (f *fakeSystemd) subscribe() *godbus.Error {
 // waitSubscribed polls until a client has subscribed to the fake's signals.
 func (f *fakeSystemd) waitSubscribed(t testing.TB) {
 	t.Helper()
+	f.waitSubscriptions(t, 1)
+}
+
+// waitSubscriptions polls until clients have subscribed want times in all: a watcher that
+// replaces another subscribes anew, and signals sent before it has are not its to see.
+func (f *fakeSystemd) waitSubscriptions(t testing.TB, want int) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		f.mu.Lock()
 		n := f.subscribed
 		f.mu.Unlock()
-		if n > 0 {
+		if n >= want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the collector never subscribed to systemd's signals")
+			t.Fatalf("the collector subscribed to systemd's signals %d times, want %d", n, want)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// subscriptions is how many times clients have subscribed so far.
+func (f *fakeSystemd) subscriptions() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.subscribed
 }
 
 func (f *fakeSystemd) getUnit(name string) (godbus.ObjectPath, *godbus.Error) {
@@ -365,12 +386,12 @@ func TestDBusCollector(t *testing.T) {
 	sd := startFakeSystemd(t, addr)
 	hz := okHealthz(t)
 	clock := newFakeClock()
-	c := newTestCollector(t, Config{DBusAddress: addr, HealthzURL: hz.URL, Now: clock.Now, Timeout: 5 * time.Second}, nil)
+	c, seen := countingCollector(t, Config{DBusAddress: addr, HealthzURL: hz.URL, Now: clock.Now, Timeout: 5 * time.Second})
 
 	steps := []struct {
 		name    string
 		advance time.Duration
-		set     func()
+		set     func() int // returns the signals it caused, to be folded in before the next step
 		status  collectors.Status
 		reason  string
 		message string
@@ -380,32 +401,35 @@ func TestDBusCollector(t *testing.T) {
 			message: "kubelet.service active/running (NRestarts=0, Result=success), +0 restarts in 10m0s; kubelet /healthz 200 in ",
 		},
 		{
-			name: "restart 1", advance: time.Minute, set: func() { sd.set("active", "running", "success", 1) },
+			name: "restart 1", advance: time.Minute, set: func() int { return sd.set("active", "running", "success", 1) },
 			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy, message: "+1 restarts",
 		},
 		{
-			name: "restart 2", advance: time.Minute, set: func() { sd.set("activating", "auto-restart", "exit-code", 2) },
+			name: "restart 2", advance: time.Minute, set: func() int { return sd.set("activating", "auto-restart", "exit-code", 2) },
 			status: collectors.StatusHealthy, reason: ReasonKubeletHealthy, // healthz still answers in this fake
 		},
 		{
-			name: "restart 3: loop", advance: time.Minute, set: func() { sd.set("active", "running", "success", 3) },
+			name: "restart 3: loop", advance: time.Minute, set: func() int { return sd.set("active", "running", "success", 3) },
 			status: collectors.StatusUnhealthy, reason: ReasonKubeletRestartLoop,
 			message: "kubelet restarted 3 times in 2m0s (threshold 3 in 10m0s): kubelet.service active/running (NRestarts=3, Result=success)",
 		},
 		{
-			name: "oom-killed and failed", advance: 15 * time.Minute, set: func() { sd.set("failed", "failed", "oom-kill", 3) },
+			name: "oom-killed and failed", advance: 15 * time.Minute, set: func() int { return sd.set("failed", "failed", "oom-kill", 3) },
 			status: collectors.StatusUnhealthy, reason: ReasonKubeletOOMKilled,
 			message: "kubelet was killed by the kernel OOM killer: kubelet.service failed/failed (NRestarts=3, Result=oom-kill)",
 		},
 		{
-			name: "stopped", advance: 15 * time.Minute, set: func() { sd.set("active", "running", "success", 0); sd.stop(t, nil) },
+			name: "stopped", advance: 15 * time.Minute, set: func() int { sd.set("active", "running", "success", 0); sd.stop(t, nil); return 0 },
 			status: collectors.StatusUnhealthy, reason: ReasonKubeletStoppedByOperator,
 		},
 	}
+	c.Check(context.Background()) // connects and subscribes
+	sd.waitSubscribed(t)
 	for _, s := range steps {
 		clock.Step(s.advance)
 		if s.set != nil {
-			s.set()
+			before := seen()
+			waitSeen(t, seen, before+s.set())
 		}
 		res := c.Check(context.Background())
 		if res.Status != s.status || res.Reason != s.reason {
@@ -734,5 +758,69 @@ func TestDBusStopJob(t *testing.T) {
 	}
 	if got, err := r.Repair(ctx, res); err != nil || got.Reason != RepairRestarted {
 		t.Fatalf("repair of a kubelet that exited on its own: %+v, %v; want Restarted", got, err)
+	}
+}
+
+// TestDBusWatcherEndsWithItsConnection: when the checks' connection to systemd is lost and
+// replaced, the signal watcher of the old one ends at once (its own bus connection closes)
+// and a new one follows the unit; no liveness timer wakes the agent to notice.
+func TestDBusWatcherEndsWithItsConnection(t *testing.T) {
+	addr := startBus(t, filepath.Join(socketDir(t), "bus.sock"))
+	sd := startFakeSystemd(t, addr)
+	hz := okHealthz(t)
+	clock := newFakeClock()
+	c, seen := countingCollector(t, Config{DBusAddress: addr, HealthzURL: hz.URL, Now: clock.Now, Timeout: 5 * time.Second})
+	observer, err := godbus.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer observer.Close()
+	if err := observer.Auth(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := observer.Hello(); err != nil {
+		t.Fatal(err)
+	}
+	clients := func() int {
+		var names []string
+		if err := observer.BusObject().Call("org.freedesktop.DBus.ListNames", 0).Store(&names); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, name := range names {
+			if strings.HasPrefix(name, ":") {
+				n++
+			}
+		}
+		return n
+	}
+
+	c.Check(context.Background()) // connects and subscribes
+	sd.waitSubscribed(t)
+	before := clients()
+
+	// The call connection dies; the next check dials a new one and watches on it.
+	unit := c.units.(*systemdUnit)
+	unit.bus.sem <- struct{}{}
+	unit.bus.conn.Close()
+	<-unit.bus.sem
+	subscribed := sd.subscriptions()
+	clock.Step(10 * time.Second)
+	c.Check(context.Background())
+	sd.waitSubscriptions(t, subscribed+1) // the new watcher
+
+	deadline := time.Now().Add(10 * time.Second) // the removed liveness ticker took 30 s
+	for n := clients(); n != before; n = clients() {
+		if time.Now().After(deadline) {
+			t.Fatalf("bus clients = %d after the connection was replaced, want %d: the old watcher's connection is still open", n, before)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// And the unit's changes are still seen between checks, by the new watcher.
+	clock.Step(10 * time.Second)
+	sd.crash(t, "oom-kill", seen)
+	clock.Step(time.Second)
+	if res := c.Check(context.Background()); res.Reason != ReasonKubeletOOMKilled {
+		t.Fatalf("after an OOM kill between checks: %s %q, want %s", res.Reason, res.Message, ReasonKubeletOOMKilled)
 	}
 }

@@ -298,6 +298,8 @@ type systemdUnit struct {
 
 	watchMu  sync.Mutex
 	watching *sddbus.Conn // the connection the current watcher follows
+	// unwatch ends the current watcher; closed when the checks move to a new connection.
+	unwatch chan struct{}
 }
 
 // signalReadTimeout bounds the property read that follows a change signal.
@@ -316,11 +318,18 @@ func (s *systemdUnit) watch(conn *sddbus.Conn) {
 	if s.watching == conn {
 		return
 	}
-	s.watching = conn
-	go s.follow(conn)
+	if s.unwatch != nil {
+		close(s.unwatch) // the old connection was dropped: its watcher ends
+	}
+	s.watching, s.unwatch = conn, make(chan struct{})
+	go s.follow(conn, s.unwatch)
 }
 
-func (s *systemdUnit) follow(conn *sddbus.Conn) {
+// follow ends when the bus is closed, when the signal connection ends, or when the checks
+// move to a new call connection (unwatch), which is how a dead call connection ends it: a
+// check that fails on it drops it, and the next check's watch starts over on the new one.
+// No liveness timer: an idle agent's CPU is mostly its wake-ups (collectors/wakeup).
+func (s *systemdUnit) follow(conn *sddbus.Conn, unwatch <-chan struct{}) {
 	raw, err := godbus.Dial(s.bus.addr, godbus.WithContext(s.bus.lifetime))
 	if err == nil {
 		err = raw.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))})
@@ -357,16 +366,12 @@ func (s *systemdUnit) follow(conn *sddbus.Conn) {
 		s.bus.logger.Warn("subscribe to systemd signals failed; unit changes are seen at checks only", "check", s.bus.check, "err", call.Err)
 		return
 	}
-	alive := time.NewTicker(30 * time.Second)
-	defer alive.Stop()
 	for {
 		select {
 		case <-s.bus.lifetime.Done():
 			return
-		case <-alive.C:
-			if !conn.Connected() || !raw.Connected() {
-				return
-			}
+		case <-unwatch:
+			return
 		case sig, ok := <-signals:
 			if !ok {
 				return

@@ -90,10 +90,13 @@ const (
 	DefaultResyncPeriod          = 5 * time.Minute
 	// DefaultWorkers is 16: a worker holds a due node for about six round trips (its ownership
 	// Describe, the marking patch, the drain's pod list, the intent, TerminateInstances,
-	// Terminating), so when a zone fails at once the last node waits for (nodes / workers) of
-	// those sequences. With 4, 50 nodes due together reached TerminateInstances after 2.9 s
-	// (p99) at 2,000 nodes; the API requests of 50 such nodes fit the client's default burst of
-	// 200 (docs/benchmarks.md, session 7). The work is I/O, not CPU.
+	// Terminating; four without a drain, whose marking patch records the intent), so when a
+	// zone fails at once the last node waits for (nodes / workers) of those sequences. More
+	// workers do not shorten that wait: at 2,000 nodes 64 workers sent all 50 marking patches
+	// at once and the API server took as long to answer them (docs/benchmarks.md, session 9).
+	// With 4, 50 nodes due together reached TerminateInstances after 2.9 s (p99) at 2,000
+	// nodes; the API requests of 50 such nodes fit the client's default burst of 200
+	// (docs/benchmarks.md, session 7). The work is I/O, not CPU.
 	DefaultWorkers                 = 16
 	DefaultLeaseDuration           = 15 * time.Second
 	DefaultRenewDeadline           = 10 * time.Second

@@ -13,6 +13,7 @@ import (
 	"github.com/nodevigil/nodevigil/remediation/config"
 	"github.com/nodevigil/nodevigil/remediation/decide"
 	"github.com/nodevigil/nodevigil/remediation/providerid"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 )
@@ -28,10 +29,24 @@ import (
 // (docs/benchmarks.md, session 7). Nothing is taken earlier than before: the instance is
 // described first, the decision is recomputed and the rails of the cordon and the drain are
 // checked after the Describe, immediately before the patch, exactly as the separate steps did.
-func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) (*corev1.Node, time.Duration, error) {
+//
+// A policy that terminates without a drain has nothing to do between the cordon and the
+// termination request, so the marking patch also records the intent to terminate
+// (AnnotationTerminationRequestedAt, as beginTermination would) when the rails of the
+// termination pass and the rate limiter has a token: intent reports that, and the caller
+// goes straight to TerminateInstances. When many nodes are due at once the API server's Node
+// writes are what the last of them waits for (a worker holds each node for its writes, and 16
+// workers share 50 nodes): a separate intent patch was one of the two writes between a node's
+// toleration ending and its TerminateInstances, and one of three per node in all
+// (docs/benchmarks.md, session 9). Nothing is taken earlier than before: the instance was
+// described, the decision recomputed and the rails checked just before this one patch, as they
+// were before the intent patch. Without a token, or with the termination's rails closed, the
+// node is marked alone and beginTermination waits and reports as before.
+func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) (n *corev1.Node, intent bool, requeue time.Duration, err error) {
 	if p.Action == config.ActionTerminate {
 		if _, _, err := providerid.Parse(node.Spec.ProviderID); err != nil {
-			return c.blockAndRelease(ctx, node, BlockInvalidProviderID, fmt.Sprintf("not remediating: %v; only EC2 instances named by an aws:/// provider ID are terminated", err))
+			n, requeue, err := c.blockAndRelease(ctx, node, BlockInvalidProviderID, fmt.Sprintf("not remediating: %v; only EC2 instances named by an aws:/// provider ID are terminated", err))
+			return n, false, requeue, err
 		}
 	}
 	// The rails and the in-flight reservation are decided under gateMu; the Describe and the
@@ -43,7 +58,7 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 	if reason, msg := c.checkRails(node, p, stepMark, now); reason != "" {
 		c.gateMu.Unlock()
 		c.blocked(node, reason, msg)
-		return nil, c.cfg.BlockedRequeue, nil
+		return nil, false, c.cfg.BlockedRequeue, nil
 	}
 	c.reserveLocked(node.Name, key, now)
 	c.gateMu.Unlock()
@@ -56,16 +71,16 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 	if p.Action == config.ActionTerminate {
 		ok, requeue, err := c.verify(ctx, node)
 		if !ok {
-			return nil, requeue, err
+			return nil, false, requeue, err
 		}
 		// The Describe took time: judge again on what the caches say now, and apply the
 		// rails of the cordon (and the drain) as their own step would.
 		now = c.clock.Now()
 		if nd := decide.Decide(c.input(node, p, now)); nd.Action != decide.ActionRemediate {
-			return nil, nd.RequeueAfter, nil
+			return nil, false, nd.RequeueAfter, nil
 		}
 		if c.railsBlock(node, p, stepCordon, now) {
-			return nil, c.cfg.BlockedRequeue, nil
+			return nil, false, c.cfg.BlockedRequeue, nil
 		}
 	}
 	phase := decide.PhaseCordoned
@@ -82,6 +97,17 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 	if drains {
 		ann[decide.AnnotationDrainStartedAt] = ptr.To(ts(now))
 	}
+	var token *rate.Reservation
+	if p.Action == config.ActionTerminate && !drains {
+		c.gateMu.Lock()
+		if reason, _ := c.checkRails(node, p, stepTerminate, now); reason == "" {
+			token, _ = c.takeTermination(now)
+		}
+		c.gateMu.Unlock()
+		if token != nil {
+			ann[decide.AnnotationTerminationRequestedAt] = ptr.To(ts(now))
+		}
+	}
 	for _, k := range blockedAnnotations {
 		if _, ok := node.Annotations[k]; ok {
 			ann[k] = nil
@@ -91,9 +117,12 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 		ann[decide.AnnotationWasUnschedulable] = ptr.To("true")
 	}
 	taints := withTaint(node.Spec.Taints)
-	n, err := c.patchNode(ctx, node, nodePatch{annotations: ann, unschedulable: ptr.To(true), taints: &taints})
+	n, err = c.patchNode(ctx, node, nodePatch{annotations: ann, unschedulable: ptr.To(true), taints: &taints})
 	if err != nil {
-		return nil, 0, err
+		if token != nil {
+			token.CancelAt(now)
+		}
+		return nil, false, 0, err
 	}
 	marked = true
 	c.unblocked(node.Name)
@@ -103,7 +132,7 @@ func (c *Controller) mark(ctx context.Context, node *corev1.Node, p *config.Poli
 	if drains {
 		c.drainStarted(n, p)
 	}
-	return n, 0, nil
+	return n, token != nil, 0, nil
 }
 
 // verify describes the node's instance before the first disruptive step: it must exist and

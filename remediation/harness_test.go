@@ -207,8 +207,13 @@ func (h *harness) react(action k8stesting.Action) (bool, runtime.Object, error) 
 			h.step("patch " + a.Name + " Blocked:" + *b)
 		} else if s, ok := body.Metadata.Annotations[decide.AnnotationState]; ok {
 			if r := body.Metadata.Annotations[decide.AnnotationReason]; r != nil {
-				// The mark: the decision recorded, with the phase it starts in.
-				h.step("patch " + a.Name + " mark+" + ptr.Deref(s, "<removed>"))
+				// The mark: the decision recorded, with the phase it starts in (and, for a
+				// policy without a drain, the intent to terminate).
+				st := "patch " + a.Name + " mark+" + ptr.Deref(s, "<removed>")
+				if i := body.Metadata.Annotations[decide.AnnotationTerminationRequestedAt]; i != nil {
+					st += "+intent"
+				}
+				h.step(st)
 			} else {
 				h.step("patch " + a.Name + " " + ptr.Deref(s, "<removed>"))
 			}

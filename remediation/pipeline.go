@@ -108,17 +108,19 @@ func (c *Controller) setPhase(ctx context.Context, node *corev1.Node, phase deci
 // since it was read (an annotation added) makes the step fail and the reconcile start over.
 func (c *Controller) remediate(ctx context.Context, node *corev1.Node, p *config.Policy, d decide.Decision, now time.Time) (time.Duration, error) {
 	verified := false // the instance was described in this reconcile, just before marking
+	fresh := false    // the termination intent was recorded in this reconcile
 	if decide.PhaseOf(node) == decide.PhaseNone {
 		if wait, held := c.blockedHold(node, now); held {
 			return wait, nil
 		}
-		n, requeue, err := c.mark(ctx, node, p, d, now)
+		n, intent, requeue, err := c.mark(ctx, node, p, d, now)
 		if n == nil {
 			return requeue, err
 		}
-		node, verified = n, true
+		// With intent, the marking patch recorded the intent to terminate too (a policy
+		// without a drain): straight on to TerminateInstances, as after beginTermination.
+		node, verified, fresh = n, true, intent
 	}
-	fresh := false // the termination intent was recorded in this reconcile
 	for {
 		phase := decide.PhaseOf(node)
 		if !phase.PastPointOfNoReturn() && !fresh {

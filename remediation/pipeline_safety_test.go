@@ -234,7 +234,9 @@ func TestTransientCloudErrorsBackOff(t *testing.T) {
 // TestTerminationIntentIsSafeToReplay: the leader records the intent, then calls EC2, then
 // records Terminating. A leader that finds the intent without Terminating looks at EC2: it
 // finishes a termination EC2 accepted (without asking again), asks once if EC2 never got the
-// call, and releases a node that recovered only if EC2 shows the instance not going.
+// call, and releases a node that recovered only if EC2 shows the instance not going. The intent
+// is found in phase Draining (recorded after a drain) or Cordoned (recorded with the mark by a
+// policy without a drain).
 func TestTerminationIntentIsSafeToReplay(t *testing.T) {
 	tests := []struct {
 		name          string
@@ -249,32 +251,38 @@ func TestTerminationIntentIsSafeToReplay(t *testing.T) {
 		{"recovered, but EC2 accepted", "shutting-down", true, 0, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, liveConfig(t, defaultCaps))
-			for i := range 8 {
-				h.healthy(newNode(fmt.Sprintf("ok-%d", i)))
-			}
-			n := newNode("n", inPhase(decide.PhaseDraining), withAnnotation(decide.AnnotationTerminationRequestedAt, ts(t0.Add(-time.Second))))
-			if tt.recovered {
-				h.healthy(n)
-			} else {
-				h.silent(n)
-			}
-			h.cloud.addInstance(n, tt.instanceState)
-			h.drive("n", 5)
-			if got := len(h.cloud.Terminates()); got != tt.wantTerminate {
-				t.Errorf("Terminate calls = %d, want %d", got, tt.wantTerminate)
-			}
-			if h.nodeGone("n") != tt.wantGone {
-				t.Errorf("node gone = %v, want %v; steps %q", h.nodeGone("n"), tt.wantGone, h.Steps())
-			}
-			if !tt.wantGone {
-				got := h.node("n")
-				if got.Spec.Unschedulable || decide.PhaseOf(got) != decide.PhaseNone {
-					t.Errorf("recovered node not released: unschedulable %v, state %q", got.Spec.Unschedulable, decide.PhaseOf(got))
+		for _, phase := range []decide.Phase{decide.PhaseDraining, decide.PhaseCordoned} {
+			t.Run(tt.name+"/"+string(phase), func(t *testing.T) {
+				drain := ""
+				if phase == decide.PhaseCordoned {
+					drain = "  drain: {enabled: false}\n"
 				}
-			}
-		})
+				h := newHarness(t, liveConfig(t, defaultCaps+drain))
+				for i := range 8 {
+					h.healthy(newNode(fmt.Sprintf("ok-%d", i)))
+				}
+				n := newNode("n", inPhase(phase), withAnnotation(decide.AnnotationTerminationRequestedAt, ts(t0.Add(-time.Second))))
+				if tt.recovered {
+					h.healthy(n)
+				} else {
+					h.silent(n)
+				}
+				h.cloud.addInstance(n, tt.instanceState)
+				h.drive("n", 5)
+				if got := len(h.cloud.Terminates()); got != tt.wantTerminate {
+					t.Errorf("Terminate calls = %d, want %d", got, tt.wantTerminate)
+				}
+				if h.nodeGone("n") != tt.wantGone {
+					t.Errorf("node gone = %v, want %v; steps %q", h.nodeGone("n"), tt.wantGone, h.Steps())
+				}
+				if !tt.wantGone {
+					got := h.node("n")
+					if got.Spec.Unschedulable || decide.PhaseOf(got) != decide.PhaseNone {
+						t.Errorf("recovered node not released: unschedulable %v, state %q", got.Spec.Unschedulable, decide.PhaseOf(got))
+					}
+				}
+			})
+		}
 	}
 }
 

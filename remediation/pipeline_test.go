@@ -593,6 +593,82 @@ func (h *harness) roundTrips(apiFrom, describeFrom, terminateFrom int) (api, clo
 	return api, len(h.cloud.Describes()) - describeFrom + len(h.cloud.Terminates()) - terminateFrom
 }
 
+// A policy without a drain has nothing to do between the cordon and the termination request,
+// so one Node write comes before TerminateInstances, not two: the marking patch records the
+// decision, cordons, taints and records the intent to terminate, after the ownership Describe,
+// the recomputed decision, the rails and the rate limiter's token, exactly what the separate
+// intent patch came after. When 50 nodes are due at once behind 16 workers, the API server's
+// Node writes are what the last one waits for: each write a worker holds delays the nodes
+// queued behind it (docs/benchmarks.md, session 9). Fails with the intent back in its own patch
+// (3 writes, 2 of them before TerminateInstances).
+func TestDueNodeWithoutDrainWritesOnceBeforeTerminate(t *testing.T) {
+	h := newHarness(t, liveConfig(t, defaultCaps+"  drain: {enabled: false}\n"))
+	h.silent(newNode("dead"))
+	for i := range 8 {
+		h.healthy(newNode(fmt.Sprintf("ok-%d", i)))
+	}
+	h.settle("dead")
+	api0 := len(h.client.Actions())
+	if _, err := h.sync("dead"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"patch dead mark+Cordoned+intent", "patch dead Terminating"}
+	if got := h.Steps(); !slices.Equal(got, want) {
+		t.Fatalf("first reconcile steps:\n got %q\nwant %q", got, want)
+	}
+	if got := h.cloud.Terminates(); len(got) != 1 {
+		t.Fatalf("TerminateInstances calls = %q, want one", got)
+	}
+	api, cloud := h.roundTrips(api0, 0, 0)
+	if api != 2 || cloud != 2 {
+		t.Errorf("first reconcile: %d API + %d cloud round trips, want 2 (mark+cordon+intent, Terminating) + 2 (Describe, Terminate)", api, cloud)
+	}
+	// The intent is the marking patch's own timestamp, from which the NotFound confirmation
+	// runs, and a replay finds it (TestTerminationIntentIsSafeToReplay).
+	if got := h.node("dead").Annotations[decide.AnnotationTerminationRequestedAt]; got == "" {
+		t.Error("no termination intent on the node")
+	}
+}
+
+// TestDueNodeWithoutDrainAndNoTokenIsMarkedAlone: without a rate limiter token the node is
+// cordoned at once (the decision is recorded), but no intent is recorded: the termination waits
+// for its token in beginTermination, which reports it, and is requested once a token comes.
+func TestDueNodeWithoutDrainAndNoTokenIsMarkedAlone(t *testing.T) {
+	h := newHarness(t, liveConfig(t, "clusterPauseThreshold: 100%\nzonePauseThreshold: 100%\nterminationRateLimit: {perMinute: 1, burst: 1}\npolicies:\n- name: p\n  nodeSelector: \"\"\n  maxUnhealthy: 100%\n  maxInFlight: 10\n  drain: {enabled: false}\n"))
+	h.silent(newNode("a"))
+	h.silent(newNode("b"))
+	for i := range 8 {
+		h.healthy(newNode(fmt.Sprintf("ok-%d", i)))
+	}
+	h.settle("a")
+	h.settle("b")
+	if _, err := h.sync("a"); err != nil {
+		t.Fatal(err)
+	}
+	requeue, err := h.sync("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"patch a mark+Cordoned+intent", "patch a Terminating", "patch b mark+Cordoned"}
+	if got := h.Steps(); !slices.Equal(got, want) {
+		t.Fatalf("steps:\n got %q\nwant %q", got, want)
+	}
+	if got := h.cloud.Terminates(); len(got) != 1 {
+		t.Errorf("TerminateInstances calls = %q, want only a's", got)
+	}
+	if !hasEvent(h.events(), BlockRateLimited) {
+		t.Errorf("no %s Event for b; events %q", BlockRateLimited, h.events())
+	}
+	if requeue <= 0 || requeue > time.Minute {
+		t.Errorf("b requeued after %s, want when the next token comes (≤ 1m)", requeue)
+	}
+	h.clock.Step(requeue)
+	h.drive("b", 3)
+	if got := len(h.cloud.Terminates()); got != 2 {
+		t.Errorf("TerminateInstances calls after the token came = %d, want 2", got)
+	}
+}
+
 // A node due for termination holds its worker only up to the point of no return, and for as
 // few round trips as the safety order allows: the ownership Describe, one patch that records
 // the decision and cordons, taints and starts the drain, the pod list of the drain, the intent,

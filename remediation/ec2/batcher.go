@@ -29,6 +29,15 @@ type BatcherConfig struct {
 	MaxBatch int
 	// Clock times the window. Default: the real clock.
 	Clock clock.WithDelayedExecution
+	// GroupCommit sends without waiting, as a DescribeBatcher does: a call goes at once when
+	// none is in flight, and the IDs asked for while one is in flight go together as soon as
+	// it returns (Window and MaxBatch are not used; at most one call is in flight, so the
+	// callers, e.g. the remediator's workers, bound a call's size). The remediator uses it: a
+	// worker holds each node due for termination until EC2 has answered, and when 50 nodes
+	// are due at once behind 16 workers every millisecond a worker waits for a window is
+	// waited again by the nodes queued behind it (docs/benchmarks.md, session 9), while the
+	// calls in flight gather the concurrent terminations into batches anyway.
+	GroupCommit bool
 }
 
 // Batcher coalesces concurrent single-instance terminations into few TerminateInstances calls.
@@ -43,6 +52,9 @@ type Batcher struct {
 func NewBatcher(t Terminator, cfg BatcherConfig) (*Batcher, error) {
 	if t == nil {
 		return nil, fmt.Errorf("ec2: NewBatcher needs a Terminator, e.g. the *Client from New")
+	}
+	if cfg.GroupCommit {
+		return &Batcher{newCoalescer(t.Terminate, 0, 0, nil)}, nil
 	}
 	if cfg.Window < 0 || cfg.MaxBatch < 0 || cfg.MaxBatch > MaxBatch {
 		return nil, fmt.Errorf("ec2: BatcherConfig.Window (%v) must not be negative and MaxBatch (%d) must be within 0..%d", cfg.Window, cfg.MaxBatch, MaxBatch)

@@ -117,6 +117,62 @@ func TestBatcherCoalescesConcurrentCalls(t *testing.T) {
 	}
 }
 
+// TestBatcherGroupCommitAddsNoWait: with GroupCommit a lone termination is sent at once (the
+// fake clock never moves: a window would hold it for ever), and the terminations asked for
+// while a call is in flight are sent together as soon as it returns. Fails if GroupCommit is
+// ignored (the lone call waits for the 50 ms window).
+func TestBatcherGroupCommitAddsNoWait(t *testing.T) {
+	release := make(chan struct{})
+	first := true
+	var mu sync.Mutex
+	ft := &fakeTerminator{}
+	ft.fn = func(ctx context.Context, ids []string) (map[string]Outcome, error) {
+		mu.Lock()
+		block := first
+		first = false
+		mu.Unlock()
+		if block {
+			<-release
+		}
+		out := map[string]Outcome{}
+		for _, id := range ids {
+			out[id] = Outcome{Result: ResultTerminating}
+		}
+		return out, nil
+	}
+	b, err := NewBatcher(ft, BatcherConfig{GroupCommit: true, Clock: clocktesting.NewFakeClock(time.Now())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	all := ids(11)
+	lone := terminateAll(ctx, b, all[:1])
+	deadline := time.Now().Add(20 * time.Second)
+	for len(ft.Calls()) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a lone termination was not sent without the clock moving")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	rest := terminateAll(ctx, b, all[1:])
+	waitPending(t, b, len(all)-1)
+	close(release)
+	for range 1 {
+		if r := <-lone; r.err != nil || r.o.Result != ResultTerminating {
+			t.Errorf("%s: %+v, %v", r.id, r.o, r.err)
+		}
+	}
+	for range all[1:] {
+		if r := <-rest; r.err != nil || r.o.Result != ResultTerminating {
+			t.Errorf("%s: %+v, %v", r.id, r.o, r.err)
+		}
+	}
+	if got := ft.Calls(); len(got) != 2 || !reflect.DeepEqual(got[1], sortedCopy(all[1:])) {
+		t.Errorf("calls = %v, want the lone ID, then the 10 asked for during it in one call", got)
+	}
+}
+
 func TestBatcherSharesOneRequestPerID(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	ft := &fakeTerminator{}

@@ -165,7 +165,7 @@ func serve(ctx context.Context, o *options, rc *config.Config, log *slog.Logger)
 		if err != nil {
 			return fmt.Errorf("build EC2 client: %w", err)
 		}
-		b, err := ec2.NewBatcher(c, ec2.BatcherConfig{})
+		b, err := ec2.NewBatcher(c, ec2.BatcherConfig{GroupCommit: true})
 		if err != nil {
 			return fmt.Errorf("build EC2 batcher: %w", err)
 		}

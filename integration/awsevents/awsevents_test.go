@@ -2,8 +2,6 @@ package awsevents_test
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -18,13 +16,12 @@ import (
 	"github.com/nodevigil/nodevigil/integration/clusterenv"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
-	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
 var (
 	cp *controlplane.ControlPlane
-	// cluster holds the binaries built in TestMain; newWorld adds the client.
-	cluster awsevents.Cluster
+	// bins holds the agent's and the remediator's binaries, built by TestMain.
+	bins clusterenv.Binaries
 )
 
 // spotInterval is the agents' imds.spotInterval in these tests: short, so a test waits little,
@@ -32,30 +29,7 @@ var (
 const spotInterval = time.Second
 
 func TestMain(m *testing.M) {
-	ctx := context.Background()
-	agentBin, cleanA, err := testbin.BuildTemp(ctx, "github.com/nodevigil/nodevigil/agent/cmd/nodevigil-agent")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	remBin, cleanR, err := testbin.BuildTemp(ctx, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
-	if err != nil {
-		cleanA()
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	cluster = awsevents.Cluster{AgentBin: agentBin, RemediatorBin: remBin}
-	// The tests mostly wait on processes; run them all at once unless -parallel says otherwise.
-	flag.Parse()
-	explicit := false
-	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
-	if !explicit {
-		_ = flag.Set("test.parallel", "4")
-	}
-	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
-	cleanA()
-	cleanR()
-	os.Exit(code)
+	os.Exit(clusterenv.Main(m, clusterenv.MainConfig{SharedPlane: &cp, Remediator: true, Agent: true, Parallel: 4}, &bins))
 }
 
 // world is one test's awsevents.World, closed (and its logs shown on failure) at the end.
@@ -75,7 +49,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := awsevents.Cluster{Client: c, Kubeconfig: cp.KubeconfigPath(), AgentBin: cluster.AgentBin, RemediatorBin: cluster.RemediatorBin}
+	cl := awsevents.Cluster{Client: c, Kubeconfig: cp.KubeconfigPath(), AgentBin: bins.Agent, RemediatorBin: bins.Remediator}
 	w, err := awsevents.NewWorld(&cl, ns, t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,8 @@
 // its instance in the EC2 emulator, and Leases renewed the way a kubelet and an agent renew
 // them), the remediator process started with the flags every test gives it, an API-server
 // proxy that can cut the remediator off (apiproxy.go), and the lookups the tests judge by:
-// Events, metrics, and whether the remediator has touched a node.
+// Events, metrics, and whether the remediator has touched a node. Main (main.go) is those
+// packages' TestMain: it builds the binaries they run, once.
 //
 // It holds what is the same in every package; what differs (a package's policies, its nodes'
 // labels, real agents or simulated ones) stays in the package.

@@ -13,7 +13,6 @@ package interruptions_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -33,8 +32,9 @@ import (
 )
 
 var (
-	cp            *controlplane.ControlPlane
-	remediatorBin string
+	cp *controlplane.ControlPlane
+	// bins holds the remediator's binary, built by TestMain.
+	bins clusterenv.Binaries
 )
 
 const (
@@ -48,23 +48,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	bin, cleanup, err := testbin.BuildTemp(context.Background(), "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	remediatorBin = bin
-	// The tests mostly wait on the remediator; run them all at once unless -parallel says
-	// otherwise (its default, GOMAXPROCS, is 2 on CI machines).
-	flag.Parse()
-	explicit := false
-	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
-	if !explicit {
-		_ = flag.Set("test.parallel", "8")
-	}
-	code := controlplane.RunTests(m, controlplane.Config{}, &cp)
-	cleanup()
-	os.Exit(code)
+	os.Exit(clusterenv.Main(m, clusterenv.MainConfig{SharedPlane: &cp, Remediator: true, Parallel: 8}, &bins))
 }
 
 // env is one test's world: a namespace for agent Leases and the leader Lease (its name is also

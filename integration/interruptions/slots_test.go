@@ -29,7 +29,7 @@ func (e *env) startPolicyMode(dryRun bool, policy string, extra ...string) {
 	listenCtx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
 	defer cancel()
 	p, addr, err := clusterenv.StartRemediator(listenCtx, clusterenv.Remediator{
-		Name: "remediator-" + e.ns, Bin: remediatorBin, Kubeconfig: cp.KubeconfigPath(), Namespace: e.ns, Config: path,
+		Name: "remediator-" + e.ns, Bin: bins.Remediator, Kubeconfig: cp.KubeconfigPath(), Namespace: e.ns, Config: path,
 		EC2URL: e.emu.URL(), ClusterTag: clusterTag,
 		Flags: append([]string{"--leader-elect=false", "--resync-period", "10s", "--scheduled-events-interval", "10s"}, extra...),
 	})

@@ -19,15 +19,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodevigil/nodevigil/integration/clusterenv"
-	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
-	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
-var (
-	planeBins     controlplane.Binaries
-	remediatorBin string
-)
+// bins are the control plane's and the remediator's binaries, built by TestMain.
+var bins clusterenv.Binaries
 
 const (
 	clusterTag   = "kubernetes.io/cluster/itest"
@@ -52,22 +48,7 @@ maxUnhealthy: 100%
 maxInFlight: 10`
 
 func TestMain(m *testing.M) {
-	ctx := context.Background()
-	bins, err := controlplane.FindOrBuild(ctx, controlplane.BuildConfig{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	planeBins = bins
-	bin, cleanup, err := testbin.BuildTemp(ctx, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	remediatorBin = bin
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	os.Exit(clusterenv.Main(m, clusterenv.MainConfig{OwnPlanes: true, Remediator: true}, &bins))
 }
 
 // simNode is a node whose kubelet and agent Leases the test renews until it dies.
@@ -138,7 +119,7 @@ func TestAPIServerOutageTerminatesNothing(t *testing.T) {
 }
 
 func runOutage(t *testing.T, outage time.Duration) {
-	cp := clusterenv.StartControlPlane(t, planeBins)
+	cp := clusterenv.StartControlPlane(t, bins.Plane)
 	c, err := cp.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +140,7 @@ func runOutage(t *testing.T, outage time.Duration) {
 	cfgPath := clusterenv.WriteConfig(t, clusterenv.Config{AgentNamespace: ns, AgentLeaseSeconds: leaseSeconds, Policies: clusterenv.PoolPolicy(poolLabel, ns, policy)})
 	proxy := clusterenv.NewAPIProxy(t, cp.Config())
 	r, addr, err := clusterenv.StartRemediator(t.Context(), clusterenv.Remediator{
-		Name: "remediator", Bin: remediatorBin, Kubeconfig: proxy.Kubeconfig(), Namespace: ns, Config: cfgPath,
+		Name: "remediator", Bin: bins.Remediator, Kubeconfig: proxy.Kubeconfig(), Namespace: ns, Config: cfgPath,
 		EC2URL: emu.URL(), ClusterTag: clusterTag, Flags: []string{"--leader-elect=false", "--resync-period", "10s", "--termination-confirm-delay", "2s"},
 	})
 	if err != nil {

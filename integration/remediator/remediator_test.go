@@ -13,10 +13,10 @@ package remediator_test
 import (
 	"cmp"
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,10 +34,8 @@ import (
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
-var (
-	planeBins     controlplane.Binaries
-	remediatorBin string
-)
+// bins are the control plane's and the remediator's binaries, built by TestMain.
+var bins clusterenv.Binaries
 
 // defaultParallel is how many tests run at once when -parallel is not given: the tests mostly
 // wait (tolerations, lease expiry, a throttling storm), so more than GOMAXPROCS (go test's
@@ -56,28 +54,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	parallelSet := false
-	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
-	if !parallelSet {
-		_ = flag.Set("test.parallel", fmt.Sprint(defaultParallel))
-	}
-	ctx := context.Background()
-	bins, err := controlplane.FindOrBuild(ctx, controlplane.BuildConfig{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	planeBins = bins
-	bin, cleanup, err := testbin.BuildTemp(ctx, "github.com/nodevigil/nodevigil/remediation/cmd/nodevigil-remediator")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	remediatorBin = bin
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
+	os.Exit(clusterenv.Main(m, clusterenv.MainConfig{OwnPlanes: true, Remediator: true, Parallel: defaultParallel}, &bins))
 }
 
 // env is one test's world: a namespace for agent Leases and the leader Lease, a pool label
@@ -102,7 +79,7 @@ type replica struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	cp := clusterenv.StartControlPlane(t, planeBins)
+	cp := clusterenv.StartControlPlane(t, bins.Plane)
 	c, err := cp.Client()
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +110,7 @@ func (e *env) startReplica(name, configPath string, extra ...string) *replica {
 	ctx, cancel := context.WithTimeout(e.t.Context(), 60*time.Second)
 	defer cancel()
 	p, addr, err := clusterenv.StartRemediator(ctx, clusterenv.Remediator{
-		Name: name, Bin: remediatorBin, Kubeconfig: e.cp.KubeconfigPath(), Namespace: e.ns, Config: configPath,
+		Name: name, Bin: bins.Remediator, Kubeconfig: e.cp.KubeconfigPath(), Namespace: e.ns, Config: configPath,
 		EC2URL: e.emu.URL(), ClusterTag: clusterTag,
 		Flags: append([]string{
 			// A leader that cannot renew within the deadline exits (a Deployment would restart
@@ -300,6 +277,17 @@ func TestSilentNodeIsTerminatedAfterToleration(t *testing.T) {
 	a, b, c := e.addNode("us-east-1a"), e.addNode("us-east-1a"), e.addNode("us-east-1b")
 	r := e.startReplica("replica-a", e.config(false, terminatePolicy))
 	e.waitReady(r)
+	// Once synced, the remediator collects at GOGC 50 (steadyGCPercent in its main.go: the
+	// steady RSS at 10,000 nodes depends on it), unless the environment sets GOGC.
+	wantGOGC := 50.0
+	if v, ok := os.LookupEnv("GOGC"); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			wantGOGC = float64(n)
+		}
+	}
+	e.eventually(fmt.Sprintf("go_gc_gogc_percent %v after the sync", wantGOGC), 30*time.Second, func(context.Context) (bool, error) {
+		return clusterenv.MetricValue(e.metrics(r), "go_gc_gogc_percent") == wantGOGC, nil
+	})
 	time.Sleep(2 * leaseSeconds * time.Second) // past the new leader's observe period
 
 	silencedAt := time.Now()

@@ -53,16 +53,29 @@ func Collect(ctx context.Context, client kubernetes.Interface, node string) ([]P
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no Events about node %s (Events live one hour)", node)
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+	// Events' timestamps have whole seconds (FirstTimestamp), so a reaction within the second of
+	// its fault ties with it, and the API lists ties in name order, which says nothing of
+	// which came first. The fault goes first among its ties, so that cutting the story at it
+	// keeps what it caused.
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].At.Equal(out[j].At) {
+			return out[i].At.Before(out[j].At)
+		}
+		return out[i].Reason == faultInjected && out[j].Reason != faultInjected
+	})
 	// The story starts at the fault, when one was injected (the node's boot is another story).
 	for i, p := range out {
-		if p.Reason == "FaultInjected" && p.Node == node {
+		if p.Reason == faultInjected && p.Node == node {
 			out = out[i:]
 			break
 		}
 	}
 	return out, nil
 }
+
+// faultInjected is the fleet's Event reason for an injected fault (fleet.EventFaultInjected;
+// not imported, so that this package does not depend on the fleet).
+const faultInjected = "FaultInjected"
 
 func when(ev corev1.Event) time.Time {
 	for _, t := range []time.Time{ev.EventTime.Time, ev.FirstTimestamp.Time, ev.CreationTimestamp.Time} {

@@ -2,9 +2,14 @@ package timeline
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // TestSVGMilestones: each milestone is drawn once, at the first Event that marks it, and the
@@ -78,6 +83,61 @@ func TestSVGMilestones(t *testing.T) {
 			}
 			if n := strings.Count(svg, "<circle"); n != len(tt.points) {
 				t.Errorf("%d event markers, want %d", n, len(tt.points))
+			}
+		})
+	}
+}
+
+// TestCollectKeepsTheFaultsOwnSecond: Events carry whole seconds, so a reaction within the
+// second of its fault ties with it, and the API lists ties in name order (here the reaction's
+// name sorts first). The story starts at the fault and must keep the reaction.
+func TestCollectKeepsTheFaultsOwnSecond(t *testing.T) {
+	sec := time.Date(2026, 11, 24, 7, 34, 57, 0, time.UTC)
+	event := func(name, node, reason string, at time.Time) *corev1.Event {
+		return &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+			InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: node},
+			Reason:         reason, FirstTimestamp: metav1.NewTime(at),
+		}
+	}
+	tests := []struct {
+		name   string
+		events []*corev1.Event
+		want   []string
+	}{
+		{"reaction listed before its fault in the same second", []*corev1.Event{
+			event("n1.0boot", "n1", "RegisteredNode", sec.Add(-time.Minute)),
+			event("n1.18a0", "n1", "InterruptionCordoned", sec),
+			event("n1.x7k2p", "n1", "FaultInjected", sec),
+			event("n1.18a1", "n1", "InterruptionDrained", sec.Add(time.Second)),
+		}, []string{"FaultInjected", "InterruptionCordoned", "InterruptionDrained"}},
+		{"another node's events stay out", []*corev1.Event{
+			event("n1.a", "n1", "FaultInjected", sec),
+			event("n2.a", "n2", "InterruptionCordoned", sec),
+		}, []string{"FaultInjected"}},
+		{"no fault: the whole story", []*corev1.Event{
+			event("n1.b", "n1", "Cordoned", sec.Add(time.Second)),
+			event("n1.a", "n1", "RegisteredNode", sec),
+		}, []string{"RegisteredNode", "Cordoned"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := fake.NewClientset()
+			for _, ev := range tt.events {
+				if _, err := c.CoreV1().Events(ev.Namespace).Create(t.Context(), ev, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			points, err := Collect(t.Context(), c, "n1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, p := range points {
+				got = append(got, p.Reason)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("story = %v, want %v", got, tt.want)
 			}
 		})
 	}

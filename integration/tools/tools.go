@@ -11,16 +11,22 @@
 //  4. else fetch it under a file lock (so parallel test binaries fetch it once), to a
 //     temporary name renamed into place (so an interrupted fetch leaves nothing behind).
 //
-// helm, kustomize and staticcheck are `go install`ed at a pinned version from the Go module proxy (the
-// only network this project assumes); promtool comes from Debian's prometheus package
-// (`apt-get download`, no install), because building it from Go compiles a large part of
-// Prometheus (docs/install.md#alerts-and-dashboard); only where apt is missing or fails is it
-// built, without the service discoveries (build tag remove_all_sd).
+// helm and kustomize are built at a pinned version from the Go module proxy (the only network
+// this project assumes) in one build module, buildmod/tools, whose dependency versions are this
+// module's wherever both use a module (client-go, apimachinery, protobuf, x/net, ...): the
+// packages the project's own static build compiled first are then not compiled again for them
+// (docs/benchmarks.md, "CI time"). staticcheck is `go install`ed at its pinned version;
+// promtool comes from Debian's prometheus package (`apt-get download`, no install), because
+// building it from Go compiles a large part of Prometheus (docs/install.md#alerts-and-dashboard);
+// only where apt is missing or fails is it built, without the service discoveries (build tag
+// remove_all_sd).
 package tools
 
 import (
 	"archive/tar"
 	"context"
+	"crypto/sha256"
+	"embed"
 	"errors"
 	"fmt"
 	"io"
@@ -63,13 +69,18 @@ const (
 	PromtoolSourceVersion = "v0.316.0"
 )
 
+// toolsModule is the build module helm and kustomize are built in (buildmod/tools: it requires
+// helm.sh/helm/v3 HelmVersion and sigs.k8s.io/kustomize/kustomize/v5 KustomizeVersion).
+const toolsModule = "tools"
+
 var (
-	// Helm renders and installs the chart.
-	Helm = Tool{Name: "helm", Version: HelmVersion, Env: "HELM",
-		Fetch: GoInstall("helm.sh/helm/v3/cmd/helm", HelmVersion)}
+	// Helm renders and installs the chart. Its cache directory names the build module's hash,
+	// so a helm built from other dependency versions is not taken for this one.
+	Helm = Tool{Name: "helm", Version: HelmVersion + BuildModuleKey(toolsModule), Env: "HELM",
+		Fetch: GoBuild(toolsModule, "helm.sh/helm/v3/cmd/helm")}
 	// Kustomize builds manifests/kustomize.
-	Kustomize = Tool{Name: "kustomize", Version: KustomizeVersion, Env: "KUSTOMIZE",
-		Fetch: GoInstall("sigs.k8s.io/kustomize/kustomize/v5", KustomizeVersion)}
+	Kustomize = Tool{Name: "kustomize", Version: KustomizeVersion + BuildModuleKey(toolsModule), Env: "KUSTOMIZE",
+		Fetch: GoBuild(toolsModule, "sigs.k8s.io/kustomize/kustomize/v5")}
 	// Promtool checks and unit-tests the chart's alerting rules. Debian's package first (a
 	// 19 MB download); where apt is missing or fails, built from the Prometheus module without
 	// its service discoveries, which promtool's rule checks never use (still minutes of CPU:
@@ -143,15 +154,23 @@ func (t Tool) Path(ctx context.Context) (string, error) {
 	return p, nil
 }
 
+// cacheBase is the cache directory: $NODEVIGIL_CACHE_DIR, else <user cache dir>/nodevigil.
+func cacheBase() (string, error) {
+	if base := os.Getenv(CacheDirEnv); base != "" {
+		return base, nil
+	}
+	ucd, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no cache directory: set %s: %w", CacheDirEnv, err)
+	}
+	return filepath.Join(ucd, "nodevigil"), nil
+}
+
 // Dir is the tool's cache directory.
 func (t Tool) Dir() (string, error) {
-	base := os.Getenv(CacheDirEnv)
-	if base == "" {
-		ucd, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("no cache directory: set %s: %w", CacheDirEnv, err)
-		}
-		base = filepath.Join(ucd, "nodevigil")
+	base, err := cacheBase()
+	if err != nil {
+		return "", err
 	}
 	sub := t.Name
 	if t.Version != "" {
@@ -160,21 +179,34 @@ func (t Tool) Dir() (string, error) {
 	return filepath.Join(base, sub), nil
 }
 
+// lockFile takes an exclusive flock on path (created if missing), so that test binaries running
+// in parallel fetch or build a tool once; unlock releases it.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
 // fetchLocked returns the cached binary, fetching it first under a file lock in dir.
 func (t Tool) fetchLocked(ctx context.Context, dir string) (string, error) {
 	bin := filepath.Join(dir, t.Name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	unlock, err := lockFile(filepath.Join(dir, ".lock"))
 	if err != nil {
 		return "", err
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
-	}
-	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
+	defer unlock()
 	if isExecutable(bin) {
 		return bin, nil
 	}
@@ -248,6 +280,68 @@ func GoInstall(pkg, version string, tags ...string) func(ctx context.Context, ds
 	}
 }
 
+// buildModules are the go.mod and go.sum of each build module, embedded as .txt so that they do
+// not make a nested module here. Regenerate buildmod/tools (docs/benchmarks.md, "CI time"): in a
+// scratch module that imports the two commands, `go get` the pinned helm and kustomize, then `go
+// get` this module's version of every module both list where ours is newer and `go mod edit
+// -replace` it where ours is older (TestToolsModuleMatchesOurs names each one), `go mod tidy`,
+// and copy go.mod and go.sum back.
+//
+//go:embed buildmod
+var buildModules embed.FS
+
+// BuildModuleKey returns "-" and a short hash of a build module's embedded go.mod and go.sum,
+// for the names of the cache directories of the tools built in it.
+func BuildModuleKey(module string) string {
+	h := sha256.New()
+	for _, f := range []string{"go.mod", "go.sum"} {
+		data, err := buildModules.ReadFile("buildmod/" + module + "/" + f + ".txt")
+		if err != nil { // cannot happen: embedded at compile time; GoBuild reports it
+			return ""
+		}
+		h.Write(data)
+	}
+	return fmt.Sprintf("-%x", h.Sum(nil)[:4])
+}
+
+// GoBuild fetches by `go build pkg` in the embedded build module, laid out under the cache
+// (<cache>/src/<module><key>), static and with -trimpath like the project's other non-race
+// builds. Builds in one module hold its lock one at a time, so that the packages helm and
+// kustomize share compile once, not side by side in two go commands.
+func GoBuild(module, pkg string) func(ctx context.Context, dst string) error {
+	return func(ctx context.Context, dst string) error {
+		base, err := cacheBase()
+		if err != nil {
+			return err
+		}
+		src := filepath.Join(base, "src", module+BuildModuleKey(module))
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			return err
+		}
+		unlock, err := lockFile(filepath.Join(src, ".lock"))
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		for _, f := range []string{"go.mod", "go.sum"} {
+			data, err := buildModules.ReadFile("buildmod/" + module + "/" + f + ".txt")
+			if err != nil {
+				return fmt.Errorf("read embedded build module %s: %w", module, err)
+			}
+			if err := os.WriteFile(filepath.Join(src, f), data, 0o644); err != nil {
+				return fmt.Errorf("write build module: %w", err)
+			}
+		}
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", dst, pkg)
+		cmd.Dir = src
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod -trimpath", "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s (in %s): %w\n%s", strings.Join(cmd.Args, " "), src, err, out)
+		}
+		return nil
+	}
+}
+
 // binaryName is the executable `go install` writes for pkg: its last path element, or the one
 // before a major-version suffix (sigs.k8s.io/kustomize/kustomize/v5 → kustomize).
 func binaryName(pkg string) string {
@@ -299,7 +393,10 @@ func DebianPackage(pkg, member string) func(ctx context.Context, dst string) err
 }
 
 // extractFromDeb writes one file of a .deb's data archive to dst (dpkg-deb reads the archive,
-// whatever its compression).
+// whatever its compression). It reads the archive to its end and waits for dpkg-deb's exit
+// status: dpkg-deb writes the whole archive into the pipe, so a reader that stopped at the
+// member would leave it blocked on a full pipe, and waiting for it would last until ctx ended
+// (with t.Context() in a test, until the test binary's timeout; in CI, 20 minutes).
 func extractFromDeb(ctx context.Context, deb, member, dst string) error {
 	cmd := exec.CommandContext(ctx, "dpkg-deb", "--fsys-tarfile", deb)
 	out, err := cmd.StdoutPipe()
@@ -309,27 +406,45 @@ func extractFromDeb(ctx context.Context, deb, member, dst string) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("dpkg-deb: %w", err)
 	}
-	defer func() { _ = cmd.Wait() }()
-	tr := tar.NewReader(out)
+	found, xerr := extractMember(tar.NewReader(out), member, dst)
+	if xerr != nil {
+		_ = cmd.Process.Kill() // nothing more is read: do not wait for it to fill the pipe
+	} else {
+		// The rest of the archive: read, so that dpkg-deb can finish writing and exit.
+		if _, err := io.Copy(io.Discard, out); err != nil {
+			xerr = fmt.Errorf("read %s: %w", deb, err)
+		}
+	}
+	if werr := cmd.Wait(); werr != nil && xerr == nil {
+		xerr = fmt.Errorf("dpkg-deb --fsys-tarfile %s: %w", deb, werr)
+	}
+	if xerr == nil && !found {
+		xerr = fmt.Errorf("%s has no %s", deb, member)
+	}
+	return xerr
+}
+
+// extractMember copies member from tr to dst; found is false when the archive ends without it.
+func extractMember(tr *tar.Reader, member, dst string) (found bool, err error) {
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return fmt.Errorf("%s has no %s", deb, member)
+			return false, nil
 		}
 		if err != nil {
-			return fmt.Errorf("read %s: %w", deb, err)
+			return false, fmt.Errorf("read archive: %w", err)
 		}
 		if h.Name != member {
 			continue
 		}
 		f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
 		if err != nil {
-			return err
+			return true, err
 		}
 		if _, err := io.Copy(f, tr); err != nil {
 			f.Close()
-			return fmt.Errorf("extract %s: %w", member, err)
+			return true, fmt.Errorf("extract %s: %w", member, err)
 		}
-		return f.Close()
+		return true, f.Close()
 	}
 }

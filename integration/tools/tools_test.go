@@ -6,10 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // fakeTool is a Tool whose fetch writes a shell script and counts its calls: the seam is the
@@ -270,5 +272,165 @@ func TestPromtoolWithoutApt(t *testing.T) {
 				t.Errorf("calls:\n%s\nwant %q with GOFLAGS=-trimpath CGO_ENABLED=0", calls, wantGo)
 			}
 		})
+	}
+}
+
+// TestDebianPackageExtract runs DebianPackage's real path (apt-get download, dpkg-deb) on a
+// package built here and served by a stand-in apt-get: the member comes first in the archive
+// and is followed by far more than a pipe holds, as promtool is in Debian's prometheus
+// package. Extraction must return as soon as the archive is read, not when ctx ends (it used
+// to wait for dpkg-deb, blocked on the unread rest, until the deadline: 20 minutes in CI).
+func TestDebianPackageExtract(t *testing.T) {
+	dpkgDeb, err := exec.LookPath("dpkg-deb")
+	if err != nil {
+		t.Fatalf("this test builds a .deb with dpkg-deb (Debian's dpkg package): %v", err)
+	}
+	root := filepath.Join(t.TempDir(), "pkg")
+	files := map[string]string{
+		"DEBIAN/control":     "Package: faketool\nVersion: 1.0\nArchitecture: all\nMaintainer: nodevigil <nodevigil@example.invalid>\nDescription: test package\n",
+		"usr/bin/faketool":   "#!/bin/sh\necho faketool\n",
+		"usr/share/zz/large": strings.Repeat("0123456789abcdef", 1<<16), // 1 MiB after the member
+	}
+	for name, body := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	repo := t.TempDir()
+	deb := filepath.Join(repo, "faketool_1.0_all.deb")
+	if out, err := exec.Command(dpkgDeb, "--root-owner-group", "--build", root, deb).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb --build: %v\n%s", err, out)
+	}
+	bin := t.TempDir()
+	aptGet := "#!/bin/sh\n[ \"$1\" = download ] && cp " + deb + " .\n"
+	if err := os.WriteFile(filepath.Join(bin, "apt-get"), []byte(aptGet), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	for _, tc := range []struct {
+		name, member, wantErr string
+	}{
+		{name: "member found", member: "./usr/bin/faketool"},
+		{name: "member missing", member: "./usr/bin/other", wantErr: "has no ./usr/bin/other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Generous for a loaded machine; the fixed extraction takes well under a second.
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			dst := filepath.Join(t.TempDir(), "faketool")
+			err := DebianPackage("faketool", tc.member)(ctx, dst)
+			if ctx.Err() != nil {
+				t.Fatalf("extraction returned only when its context ended (err %v)", err)
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != files["usr/bin/faketool"] {
+				t.Errorf("extracted %q, want %q", b, files["usr/bin/faketool"])
+			}
+		})
+	}
+}
+
+// modVersions reads the module versions a go.mod selects: its requirements, overridden by its
+// replacements (the build module replaces where this module's version is older than helm's).
+func modVersions(gomod string) map[string]string {
+	v := map[string]string{}
+	repl := map[string]string{}
+	block := ""
+	for _, line := range strings.Split(gomod, "\n") {
+		f := strings.Fields(strings.TrimSpace(strings.SplitN(line, "//", 2)[0]))
+		switch {
+		case len(f) == 0:
+		case len(f) == 2 && f[1] == "(":
+			block = f[0]
+		case f[0] == ")":
+			block = ""
+		case f[0] == "require" && len(f) == 3:
+			v[f[1]] = f[2]
+		case block == "require" && len(f) == 2:
+			v[f[0]] = f[1]
+		case f[0] == "replace" && len(f) == 5 && f[2] == "=>":
+			repl[f[1]] = f[4]
+		case block == "replace" && len(f) == 4 && f[1] == "=>":
+			repl[f[0]] = f[3]
+		}
+	}
+	for m, r := range repl {
+		v[m] = r
+	}
+	return v
+}
+
+// drift lists the modules both go.mod files select at different versions.
+func drift(ours, build string) []string {
+	o, b := modVersions(ours), modVersions(build)
+	var out []string
+	for m, bv := range b {
+		if ov, ok := o[m]; ok && ov != bv {
+			out = append(out, m+": build module "+bv+", go.mod "+ov)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestDrift(t *testing.T) {
+	const ours = "module x\n\ngo 1.26\n\nrequire (\n\tk8s.io/client-go v0.34.2\n\tgolang.org/x/time v0.9.0 // indirect\n)\n\nrequire golang.org/x/net v0.59.0\n"
+	for _, tc := range []struct {
+		name, build string
+		want        []string
+	}{
+		{name: "aligned, one by replacement",
+			build: "module t\n\nrequire (\n\thelm.sh/helm/v3 v3.19.0\n\tk8s.io/client-go v0.34.2 // indirect\n\tgolang.org/x/time v0.12.0 // indirect\n\tgolang.org/x/net v0.59.0\n)\n\nreplace golang.org/x/time => golang.org/x/time v0.9.0\n"},
+		{name: "a newer helm requirement not replaced",
+			build: "module t\n\nrequire (\n\tk8s.io/client-go v0.34.2\n\tgolang.org/x/time v0.12.0\n)\n",
+			want:  []string{"golang.org/x/time: build module v0.12.0, go.mod v0.9.0"}},
+		{name: "go.mod moved on",
+			build: "module t\n\nrequire k8s.io/client-go v0.34.1\n\nreplace (\n\tgolang.org/x/net => golang.org/x/net v0.58.0\n)\n",
+			want:  []string{"golang.org/x/net: build module v0.58.0, go.mod v0.59.0", "k8s.io/client-go: build module v0.34.1, go.mod v0.34.2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := drift(ours, tc.build); strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("drift() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestToolsModuleMatchesOurs keeps buildmod/tools on this module's versions: a module both
+// use at another version there splits every package above it into two compiles in a cold run
+// (helm's client-go would not be the one the project's static build compiled).
+func TestToolsModuleMatchesOurs(t *testing.T) {
+	ours, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	build, err := buildModules.ReadFile("buildmod/" + toolsModule + "/go.mod.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := drift(string(ours), string(build)); len(d) > 0 {
+		t.Errorf("buildmod/tools/go.mod.txt selects other versions than go.mod (regenerate it as tools.go says):\n%s", strings.Join(d, "\n"))
+	}
+	for _, want := range []string{"helm.sh/helm/v3 " + HelmVersion, "sigs.k8s.io/kustomize/kustomize/v5 " + KustomizeVersion} {
+		if !strings.Contains(string(build), want) {
+			t.Errorf("buildmod/tools/go.mod.txt does not require %s", want)
+		}
 	}
 }

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/nodevigil/nodevigil/integration/bench/benchmain"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
 	"github.com/nodevigil/nodevigil/integration/testbin"
@@ -40,19 +41,20 @@ func main() {
 	compare := flag.Bool("compare", false, "run a second agent on a second Node with the AWS event checks off (imds.disabled: true) alongside, and report its RSS and CPU: the IMDS watcher's cost at the same time and load (the API rows then count both agents)")
 	spotInterval := flag.Duration("spot-interval", 0, "imds.spotInterval for the measured agent (0: the agent's default, 2s)")
 	lifecycle := flag.String("lifecycle", "spot", "the emulated instance's purchasing option (instance-life-cycle): spot (the agent polls the spot paths every spot interval) or on-demand (it never reads them)")
+	ab := flag.String("ab", "", "path of another build's nodevigil-agent binary (e.g. main's: git worktree add, go build -o); it runs alongside on a Node and emulated instance of its own with the same settings, and its rows (\"A/B:\") give a same-window A/B on one control plane")
 	imdsOn := flag.Bool("imds", true, "serve the agent an emulated instance metadata service (integration/ec2emu), so the AWS event watcher polls as on EC2; false leaves the default endpoint, unreachable off EC2")
 	flag.Parse()
 	if *lifecycle != "spot" && *lifecycle != "on-demand" {
 		fmt.Fprintf(os.Stderr, "agentsteady: -lifecycle %q: want spot or on-demand\n", *lifecycle)
 		os.Exit(2)
 	}
-	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *spotInterval, *lifecycle); err != nil {
+	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *spotInterval, *lifecycle, *ab); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool, spotInterval time.Duration, lifecycle string) error {
+func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool, spotInterval time.Duration, lifecycle, abBin string) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -138,6 +140,7 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	}
 	defer agent.Stop(10 * time.Second)
 	var other *testbin.Process
+	var otherAddr string
 	if compare {
 		const otherNode = "bench-node-2"
 		if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: otherNode}}, metav1.CreateOptions{}); err != nil {
@@ -147,7 +150,7 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		if err := os.WriteFile(conf, []byte("apiVersion: nodevigil.io/v1alpha1\nkind: AgentConfig\nimds:\n  disabled: true\n"), 0o600); err != nil {
 			return err
 		}
-		otherAddr, err := freeAddr()
+		otherAddr, err = freeAddr()
 		if err != nil {
 			return err
 		}
@@ -163,6 +166,44 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		defer other.Stop(10 * time.Second)
 	}
 
+	var abAgent *testbin.Process
+	var abAddr string
+	const abInstance = "i-0b0000000000000b2"
+	if abBin != "" {
+		const abNode = "bench-node-ab"
+		if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: abNode}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		if abAddr, err = freeAddr(); err != nil {
+			return err
+		}
+		abArgs := []string{"run",
+			"--node-name", abNode, "--namespace", ns, "--pod-name", "agent-bench-ab",
+			"--kubeconfig", cp.KubeconfigPath(), "--host-root", filepath.Join(dir, "host"),
+			"--listen-address", abAddr, "--kubelet-healthz-url", healthz.URL + "/healthz",
+			"--log-level", "warn",
+		}
+		if imdsOn {
+			in := ec2emu.Instance{ID: abInstance}
+			if lifecycle == "spot" {
+				in.Lifecycle = ec2emu.LifecycleSpot
+			}
+			if err := emu.AddInstance(in); err != nil {
+				return err
+			}
+			md := httptest.NewServer(emu.IMDSHandler(abInstance))
+			defer md.Close()
+			abArgs = append(abArgs, "--imds-endpoint", md.URL)
+			if spotInterval > 0 {
+				abArgs = append(abArgs, "--config", filepath.Join(dir, "imds.yaml"))
+			}
+		}
+		if abAgent, err = testbin.Start("nodevigil-agent-ab", abBin, abArgs); err != nil {
+			return err
+		}
+		defer abAgent.Stop(10 * time.Second)
+	}
+
 	fmt.Fprintf(os.Stderr, "agentsteady: warming up for %s, then measuring for %s\n", warmup, duration)
 	time.Sleep(warmup)
 	if exited, err := agent.Exited(); exited {
@@ -171,6 +212,11 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	if other != nil {
 		if exited, err := other.Exited(); exited {
 			return fmt.Errorf("comparison agent exited during warm-up: %v\n%s", err, other.LogTail(30))
+		}
+	}
+	if abAgent != nil {
+		if exited, err := abAgent.Exited(); exited {
+			return fmt.Errorf("A/B agent exited during warm-up: %v\n%s", err, abAgent.LogTail(30))
 		}
 	}
 	before, err := requestCounts(ctx, cp.Config())
@@ -197,6 +243,23 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	if other != nil {
 		ocs0 = switches(other.Pid())
 	}
+	// Scheduler counts and the Go runtime's own (allocations, GC cycles): load-robust
+	// figures a same-window A/B can be read from even on a busy machine.
+	load0 := benchmain.LoadAvg()
+	rt0, ort0, abrt0 := runtimeCounts(ctx, metricsAddr), runtimeCounts(ctx, otherAddr), runtimeCounts(ctx, abAddr)
+	ps0, ops0, abps0 := readSched(agent.Pid()), sched{}, sched{}
+	if other != nil {
+		ops0 = readSched(other.Pid())
+	}
+	var abcpu0 int64
+	if abAgent != nil {
+		abps0 = readSched(abAgent.Pid())
+		if abcpu0, err = cpuTicks(abAgent.Pid()); err != nil {
+			return err
+		}
+	}
+	abTokens0, abReads0 := emu.IMDSCalls(abInstance)
+	var abrss []int64
 	tokens0, reads0 := emu.IMDSCalls(instanceID)
 	start := time.Now()
 	var rss, anon, file, orss, oanon, ofile []int64
@@ -212,6 +275,13 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 				return fmt.Errorf("comparison agent gone: %w\n%s", err, other.LogTail(30))
 			}
 			orss, oanon, ofile = append(orss, m["VmRSS"]), append(oanon, m["RssAnon"]), append(ofile, m["RssFile"])
+		}
+		if abAgent != nil {
+			m, err := memKB(abAgent.Pid())
+			if err != nil {
+				return fmt.Errorf("A/B agent gone: %w\n%s", err, abAgent.LogTail(30))
+			}
+			abrss = append(abrss, m["VmRSS"])
 		}
 		time.Sleep(sample)
 	}
@@ -239,7 +309,20 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	if other != nil {
 		ocs1 = switches(other.Pid())
 	}
-	for _, v := range [][]int64{rss, anon, file, orss, oanon, ofile} {
+	ps1, ops1, abps1 := readSched(agent.Pid()), sched{}, sched{}
+	if other != nil {
+		ops1 = readSched(other.Pid())
+	}
+	var abcpu1 int64
+	if abAgent != nil {
+		abps1 = readSched(abAgent.Pid())
+		if abcpu1, err = cpuTicks(abAgent.Pid()); err != nil {
+			return err
+		}
+	}
+	abTokens1, abReads1 := emu.IMDSCalls(abInstance)
+	rt1, ort1, abrt1 := runtimeCounts(ctx, metricsAddr), runtimeCounts(ctx, otherAddr), runtimeCounts(ctx, abAddr)
+	for _, v := range [][]int64{rss, anon, file, orss, oanon, ofile, abrss} {
 		slices.Sort(v)
 	}
 	minutes := elapsed.Minutes()
@@ -253,14 +336,33 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	fmt.Printf("| of which file-backed (binary pages) | %.1f MiB |\n", mib(file[len(file)/2]))
 	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
 	fmt.Printf("| context switches, all threads (a count: robust to load) | %.0f per minute |\n", float64(cs1-cs0)/minutes)
+	printCounts := func(who string, a, b sched, ra, rb [2]float64) {
+		fmt.Printf("| %sCPU from schedstat (ns resolution) | %.3f mCPU = %.2f ms CPU per minute |\n", who, float64(b.runNS-a.runNS)/elapsed.Seconds()/1e6, float64(b.runNS-a.runNS)/1e6/minutes)
+		fmt.Printf("| %stimes put on a CPU (wake-ups, all threads) | %.0f per minute; voluntary switches %.0f, involuntary %.0f per minute |\n", who,
+			float64(b.runs-a.runs)/minutes, float64(b.voluntary-a.voluntary)/minutes, float64(b.involuntary-a.involuntary)/minutes)
+		if ra[0] > 0 && rb[0] > 0 {
+			fmt.Printf("| %sallocations (go_memstats_mallocs_total) | %.0f per minute; GC cycles %.2f per minute |\n", who, (rb[0]-ra[0])/minutes, (rb[1]-ra[1])/minutes)
+		}
+	}
+	printCounts("", ps0, ps1, rt0, rt1)
 	if other != nil {
+		printCounts("checks off: ", ops0, ops1, ort0, ort1)
 		omcpu := float64(ocpu1-ocpu0) / ticksPerSecond / elapsed.Seconds() * 1000
 		fmt.Printf("| same build, AWS event checks off (`imds.disabled: true`), same window: RSS median (max) | %.1f MiB (%.1f MiB); anonymous %.1f MiB, file-backed %.1f MiB |\n",
 			mib(orss[len(orss)/2]), mib(orss[len(orss)-1]), mib(oanon[len(oanon)/2]), mib(ofile[len(ofile)/2]))
 		fmt.Printf("| same, CPU average | %.2f mCPU |\n", omcpu)
 		fmt.Printf("| same, context switches | %.0f per minute |\n", float64(ocs1-ocs0)/minutes)
 		fmt.Printf("| IMDS watcher's cost (difference) | RSS %+.1f MiB median, CPU %+.2f mCPU |\n", mib(rss[len(rss)/2]-orss[len(orss)/2]), mcpu-omcpu)
-		fmt.Printf("| note | the API rows below count both agents' requests |\n")
+		fmt.Printf("| note | the API rows below count every agent's requests |\n")
+	}
+	if abAgent != nil {
+		abmcpu := float64(abcpu1-abcpu0) / ticksPerSecond / elapsed.Seconds() * 1000
+		fmt.Printf("| A/B: %s, same settings, same window: RSS median (max) | %.1f MiB (%.1f MiB) |\n", abBin, mib(abrss[len(abrss)/2]), mib(abrss[len(abrss)-1]))
+		fmt.Printf("| A/B: CPU average | %.2f mCPU (this build %+.2f) |\n", abmcpu, mcpu-abmcpu)
+		printCounts("A/B: ", abps0, abps1, abrt0, abrt1)
+		if imdsOn {
+			fmt.Printf("| A/B: IMDS | %.1f metadata reads and %.2f token requests per minute |\n", float64(abReads1-abReads0)/minutes, float64(abTokens1-abTokens0)/minutes)
+		}
 	}
 	fmt.Printf("| Lease renewals (agent's own metric) | %.2f per minute |\n", (renew1-renew0)/minutes)
 	if imdsOn {
@@ -281,7 +383,7 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		}
 	}
 	fmt.Printf("| machine | %s/%s, %d CPUs, %s |\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
-	fmt.Printf("| load average (1/5/15 min) at the end | %s |\n", loadAvg())
+	fmt.Printf("| load average (1/5/15 min) at the start → at the end of the window | %s → %s |\n", load0, benchmain.LoadAvg())
 	return nil
 }
 
@@ -419,6 +521,64 @@ func switches(pid int) int64 {
 	return n
 }
 
+// sched is a process's scheduler counts, summed over its threads.
+type sched struct {
+	runNS       int64 // time on a CPU (/proc/PID/task/*/schedstat, first field)
+	runs        int64 // times put on a CPU (third field)
+	voluntary   int64
+	involuntary int64
+}
+
+// readSched sums /proc/PID/task/*/schedstat and the context switches in .../status (zero
+// when /proc cannot be read).
+func readSched(pid int) sched {
+	var s sched
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, t := range tasks {
+		if data, err := os.ReadFile(t + "/schedstat"); err == nil {
+			if f := strings.Fields(string(data)); len(f) == 3 {
+				r, _ := strconv.ParseInt(f[0], 10, 64)
+				n, _ := strconv.ParseInt(f[2], 10, 64)
+				s.runNS += r
+				s.runs += n
+			}
+		}
+		data, err := os.ReadFile(t + "/status")
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			f := strings.Fields(line)
+			if len(f) != 2 {
+				continue
+			}
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "voluntary_ctxt_switches:":
+				s.voluntary += v
+			case "nonvoluntary_ctxt_switches:":
+				s.involuntary += v
+			}
+		}
+	}
+	return s
+}
+
+// runtimeCounts scrapes an agent's allocation and GC cycle counters (zero when addr is empty
+// or the scrape fails; the row is then left out).
+func runtimeCounts(ctx context.Context, addr string) [2]float64 {
+	if addr == "" {
+		return [2]float64{}
+	}
+	url := "http://" + addr + "/metrics"
+	m, err := scrapeSum(ctx, url, "go_memstats_mallocs_total")
+	if err != nil {
+		return [2]float64{}
+	}
+	gc, _ := scrapeSum(ctx, url, "go_gc_duration_seconds_count")
+	return [2]float64{m, gc}
+}
+
 func cpuTicks(pid int) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -450,17 +610,4 @@ func writeHost(root string) error {
 		}
 	}
 	return nil
-}
-
-// loadAvg is /proc/loadavg's first three fields: the machine's load while the agent was measured.
-func loadAvg() string {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(data))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }

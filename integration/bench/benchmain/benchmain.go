@@ -2,7 +2,8 @@
 // control plane (integration/bench/remediatorscale, integration/bench/interruptlatency) do the
 // same way: the exit codes of main, and the start of a run — the binaries built without the race
 // detector into a temporary folder, and a control plane without kube-controller-manager (nothing
-// they measure needs it, and it would compete for the cores).
+// they measure needs it, and it would compete for the cores) — and the load average that every
+// benchmark command, agentsteady's too, prints beside its figures.
 package benchmain
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/nodevigil/nodevigil/integration/controlplane"
@@ -77,4 +79,18 @@ func (s *Setup) Close() {
 		}
 	}
 	_ = os.RemoveAll(s.Dir)
+}
+
+// LoadAvg returns the machine's load averages over 1, 5 and 15 minutes, as uptime prints them,
+// or "unknown": the figures a benchmark prints mean little on a shared machine without them.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], ", ")
 }

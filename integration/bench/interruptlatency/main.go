@@ -140,7 +140,7 @@ func run(ctx context.Context, o options) error {
 
 	fmt.Printf("# interruptlatency %s\n\n", time.Now().UTC().Format(time.RFC3339))
 	fmt.Printf("Flags: %s\n\n", strings.Join(os.Args[1:], " "))
-	fmt.Printf("Load average at start: %s\n\n", loadavg())
+	fmt.Printf("Load average at start: %s\n\n", benchmain.LoadAvg())
 
 	var policies string
 	byInterval := map[string][]*awsevents.Node{}
@@ -197,7 +197,7 @@ func run(ctx context.Context, o options) error {
 		r := <-ec2Done
 		printEC2(o, r)
 	}
-	fmt.Printf("Load average at end: %s\n", loadavg())
+	fmt.Printf("Load average at end: %s\n", benchmain.LoadAvg())
 	if exited, err := w.Remediator().Exited(); exited {
 		return fmt.Errorf("the remediator exited during the run: %v\n%s", err, w.Remediator().LogTail(30))
 	}
@@ -409,16 +409,4 @@ func printEC2(o options, r ec2Result) {
 		fmt.Printf("The remediator completed %.0f polls (its scheduled_event_polls_total{result=\"ok\"}) by the end of the window: %.1f DescribeInstanceStatus calls per completed poll (a poll still running at the end adds its calls so far).\n\n",
 			r.polls, float64(r.totalState)/r.polls)
 	}
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }

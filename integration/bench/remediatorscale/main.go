@@ -34,7 +34,9 @@
 // timestamps: the precise source), cross-checked with its detection_latency_seconds histogram
 // (coarse buckets) and the NodeSilent Events (FirstTimestamp has one-second resolution).
 // Termination latency is the arrival of the first TerminateInstances naming the instance at a
-// handler wrapped around the emulator, minus expiry + tolerations.silentNode; the remediator's
+// handler wrapped around the emulator, minus expiry + tolerations.silentNode (a second row
+// measures from the remediator's own view instead, its NodeSilent log line + the toleration,
+// so the last renewal's round trip and watch delivery are not counted); the remediator's
 // termination_latency_seconds histogram measures to the start of the reconcile that terminates
 // and is shown beside it, as is a split of the pipeline by its log lines.
 //
@@ -168,6 +170,8 @@ func (c progress) logf(format string, args ...any) {
 // result is everything the tables print.
 type result struct {
 	o                    options
+	loadAtSilence        string // /proc/loadavg when the nodes were silenced
+	loadAtTerminated     string // and when the last TerminateInstances arrived
 	nodeJSONKiB          float64
 	imagesStored         int
 	loadTime             time.Duration
@@ -187,6 +191,9 @@ type result struct {
 	detectLog, detectEvt dist
 	detectHist           histogram
 	terminate            dist
+	// terminateOwn is measured from the remediator's own view of the expiry: its NodeSilent
+	// decision (logged when the requeue at the computed stale moment ran) plus the toleration.
+	terminateOwn         dist
 	terminateHist        histogram
 	terminatedOnce       int
 	terminatedTwice      []string
@@ -499,6 +506,7 @@ func run(ctx context.Context, o options) (err error) {
 	res.silencedZones = map[string]int{}
 	var mu sync.Mutex
 	silenceStart := time.Now()
+	res.loadAtSilence = benchmain.LoadAvg()
 	var profWG sync.WaitGroup
 	defer profWG.Wait()
 	if pprofBase != "" {
@@ -572,6 +580,7 @@ func run(ctx context.Context, o options) (err error) {
 	}); err != nil {
 		c.logf("not every silenced instance was terminated: %v", err)
 	}
+	res.loadAtTerminated = benchmain.LoadAvg()
 	if err := sleepWatch(ctx, rem, o.settle); err != nil {
 		return err
 	}
@@ -675,6 +684,9 @@ func run(ctx context.Context, o options) (err error) {
 	for _, n := range silenced {
 		if at, ok := rec.arrival(n.instanceID); ok {
 			res.terminate = append(res.terminate, at.Sub(expiry[n.name].Add(o.toleration)))
+			if d, ok := detectedAt[n.name]; ok {
+				res.terminateOwn = append(res.terminateOwn, at.Sub(d.Add(o.toleration)))
+			}
 		} else {
 			res.notTerminated = append(res.notTerminated, n.name)
 		}
@@ -851,6 +863,7 @@ func printTables(w *os.File, r *result) {
 		r.detectHist.count, meanOf(r.detectHist), r.detectHist.quantile(0.5), r.detectHist.quantile(0.99))
 	fmt.Fprintf(w, "| detection latency, NodeSilent Events (FirstTimestamp is truncated to the second: ±1 s) | %s |\n", r.detectEvt)
 	fmt.Fprintf(w, "| termination latency, EC2 arrival − (stale + toleration) | %s |\n", r.terminate)
+	fmt.Fprintf(w, "| termination latency from the remediator's own expiry: EC2 arrival − (NodeSilent logged + toleration); without the last renewal's round trip and watch delivery (the detection row), which the row above counts | %s |\n", r.terminateOwn)
 	for _, st := range stageOrder {
 		fmt.Fprintf(w, "| termination stage %s | %s |\n", st, r.stages[st])
 	}
@@ -864,6 +877,7 @@ func printTables(w *os.File, r *result) {
 	fmt.Fprintf(w, "| other verdicts | silenced nodes before NodeSilent: %d %v; healthy nodes: %d %v |\n",
 		len(r.intermediate), head(r.intermediate), len(r.unexpected), head(r.unexpected))
 	fmt.Fprintf(w, "| machine | %s/%s, %d CPUs, %s |\n", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
+	fmt.Fprintf(w, "| load average (1, 5, 15 min) when the nodes were silenced → when the last TerminateInstances arrived | %s → %s |\n", r.loadAtSilence, r.loadAtTerminated)
 }
 
 func meanOf(h histogram) string {

@@ -2,9 +2,12 @@ package kubelet
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -98,5 +101,52 @@ func BenchmarkConfigCheckFromUnit(b *testing.B) {
 		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
 			b.Fatal(res.Message)
 		}
+	}
+}
+
+// BenchmarkConfigCheckNodeSizedProc runs the flag check with a /proc the size of a busy EKS
+// node's: 150 kernel threads (no command line), 150 user processes, and the kubelet started
+// after them, as on a node where it is started late in boot. The fixture proc of the small
+// host roots has four entries, which hides what a scan of /proc per check costs.
+func BenchmarkConfigCheckNodeSizedProc(b *testing.B) {
+	root := b.TempDir()
+	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
+		b.Fatal(err)
+	}
+	writeNodeSizedProc(b, filepath.Join(root, "proc"))
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: root, ExpectedTaints: []string{ciliumTaint}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+			b.Fatal(res.Message)
+		}
+	}
+}
+
+// writeNodeSizedProc adds 150 kernel threads (PIDs 3–152: a comm, an empty cmdline) and 150
+// user processes (PIDs 300–449) to the fixture proc at dir.
+func writeNodeSizedProc(b testing.TB, dir string) {
+	b.Helper()
+	add := func(pid int, comm, cmdline string) {
+		d := filepath.Join(dir, strconv.Itoa(pid))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "comm"), []byte(comm+"\n"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "cmdline"), []byte(cmdline), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for pid := 3; pid < 153; pid++ {
+		add(pid, fmt.Sprintf("kworker/%d:1", pid), "")
+	}
+	for pid := 300; pid < 450; pid++ {
+		add(pid, fmt.Sprintf("proc-%d", pid), fmt.Sprintf("/usr/bin/proc-%d\x00--flag\x00", pid))
 	}
 }

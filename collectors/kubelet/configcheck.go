@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/procfs"
@@ -82,6 +83,10 @@ type ConfigCheck struct {
 	expected           []Taint
 	missingIsUnhealthy bool
 	now                func() time.Time
+	// kubeletPID is the PID the kubelet was last found at (0: not found yet). The next
+	// check looks there first and scans /proc only when that process is no longer the
+	// kubelet: a node has hundreds of processes, and a scan reads two files of each.
+	kubeletPID atomic.Int64
 }
 
 // NewConfigCheck validates cfg (every expected taint must parse) and fills defaults.
@@ -143,7 +148,8 @@ type taintSource struct {
 func (c *ConfigCheck) Check(ctx context.Context) collectors.Result {
 	res := collectors.Result{Check: configCheckName, Time: c.now()}
 	procDir := filepath.Join(c.hostRoot, "proc")
-	proc, perr := findKubelet(ctx, procDir)
+	proc, perr := findKubelet(ctx, procDir, int(c.kubeletPID.Load()))
+	c.kubeletPID.Store(int64(proc.pid)) // 0 when not found
 	// The unit is read even when the process exists: it names the file to fix.
 	unit, uerr := loadKubeletUnit(c.hostRoot, c.unit)
 
@@ -527,12 +533,22 @@ func taintList(ts []Taint) string {
 // errKubeletNotFound is returned when /proc holds no kubelet.
 var errKubeletNotFound = errors.New("no kubelet process found")
 
-// findKubelet scans procDir for the process whose comm, or argv[0] basename, is "kubelet",
-// lowest PID first. Processes that exit during the scan are skipped.
-func findKubelet(ctx context.Context, procDir string) (kubeletProcess, error) {
+// findKubelet returns the kubelet process under procDir: the process at hint (the PID it
+// was last found at) when that is still a kubelet, or else the first kubelet in PID order.
+// With a hint, a node whose kubelet keeps running costs two small reads per check instead
+// of a scan of every process; a restarted kubelet has a new PID, so its old one is gone or
+// belongs to another program, and the scan finds the new one.
+func findKubelet(ctx context.Context, procDir string, hint int) (kubeletProcess, error) {
 	fs, err := procfs.NewFS(procDir)
 	if err != nil {
 		return kubeletProcess{}, fmt.Errorf("open %s: %w", procDir, err)
+	}
+	if hint > 0 {
+		if p, err := fs.Proc(hint); err == nil {
+			if args, ok := kubeletArgs(p); ok {
+				return kubeletProcess{pid: p.PID, args: args}, nil
+			}
+		}
 	}
 	procs, err := fs.AllProcs()
 	if err != nil {
@@ -543,19 +559,26 @@ func findKubelet(ctx context.Context, procDir string) (kubeletProcess, error) {
 		if err := ctx.Err(); err != nil {
 			return kubeletProcess{}, fmt.Errorf("scan %s: %w", procDir, err)
 		}
-		comm, err := p.Comm()
-		if err != nil {
-			continue
-		}
-		args, err := p.CmdLine()
-		if err != nil || len(args) == 0 {
-			continue // exited, or a kernel thread
-		}
-		if comm == "kubelet" || path.Base(args[0]) == "kubelet" {
+		if args, ok := kubeletArgs(p); ok {
 			return kubeletProcess{pid: p.PID, args: args}, nil
 		}
 	}
 	return kubeletProcess{}, fmt.Errorf("%w in %s (is the agent running with the host's /proc?)", errKubeletNotFound, procDir)
+}
+
+// kubeletArgs returns p's command line when p is a kubelet: its comm or the base name of
+// its argv[0] is "kubelet". A process that exited, or a kernel thread (no command line), is
+// not.
+func kubeletArgs(p procfs.Proc) ([]string, bool) {
+	comm, err := p.Comm()
+	if err != nil {
+		return nil, false
+	}
+	args, err := p.CmdLine()
+	if err != nil || len(args) == 0 {
+		return nil, false
+	}
+	return args, comm == "kubelet" || path.Base(args[0]) == "kubelet"
 }
 
 // kubeletFlags holds the few kubelet flags this check needs.

@@ -3,8 +3,11 @@ package kubelet
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -500,5 +503,90 @@ func TestConfigCheckInputsForExplain(t *testing.T) {
 	}
 	if !reflect.DeepEqual(res.Inputs, want) {
 		t.Errorf("Inputs =\n%+v\nwant\n%+v", res.Inputs, want)
+	}
+}
+
+// TestConfigCheckFollowsTheKubeletAcrossRestarts: the check remembers the kubelet's PID so
+// that it does not scan a node's hundreds of processes every time, and must still follow
+// the kubelet when it restarts under a new PID, when its old PID is reused by another
+// program, and when it is gone.
+func TestConfigCheckFollowsTheKubeletAcrossRestarts(t *testing.T) {
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
+		t.Fatal(err)
+	}
+	proc := filepath.Join(root, "proc")
+	writeNodeSizedProc(t, proc)
+	good, err := os.ReadFile(filepath.Join(proc, "2201", "cmdline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := append(append([]byte(nil), good...), "--register-with-taints=bad key:NoSchedule\x00"...)
+	setProc := func(pid int, comm string, cmdline []byte) {
+		t.Helper()
+		d := filepath.Join(proc, strconv.Itoa(pid))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "comm"), []byte(comm+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "cmdline"), cmdline, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exit := func(pid int) {
+		t.Helper()
+		if err := os.RemoveAll(filepath.Join(proc, strconv.Itoa(pid))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: root, ExpectedTaints: []string{ciliumTaint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name       string
+		change     func()
+		wantStatus collectors.Status
+		wantReason string
+		wantPID    int // 0: no kubelet process
+	}{
+		{"running kubelet", func() {}, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
+		{"a kubelet-named process with a lower PID appears (a kubelet in a container): the followed one stays",
+			func() { setProc(1500, "kubelet", bad) }, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
+		{"restart under a new PID, with a malformed taint flag", func() {
+			exit(1500)
+			exit(2201)
+			setProc(2300, "kubelet", bad)
+		}, collectors.StatusUnhealthy, ReasonStartupTaintMalformed, 2300},
+		{"old PID reused by another program, kubelet restarted again", func() {
+			setProc(2300, "containerd", []byte("/usr/bin/containerd\x00"))
+			setProc(2400, "kubelet", good)
+		}, collectors.StatusHealthy, ReasonKubeletConfigValid, 2400},
+		{"old PID reused by a kernel thread named kubelet, no kubelet left", func() {
+			exit(2400)
+			setProc(2400, "kubelet", nil)
+		}, collectors.StatusUnknown, ReasonKubeletProcessNotFound, 0},
+		{"kubelet back at its old PID", func() { setProc(2201, "kubelet", good) }, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
+	}
+	for _, s := range steps {
+		s.change()
+		res := c.Check(context.Background())
+		if res.Status != s.wantStatus || res.Reason != s.wantReason {
+			t.Fatalf("%s: got %s/%s (%s), want %s/%s", s.name, res.Status, res.Reason, res.Message, s.wantStatus, s.wantReason)
+		}
+		src := ""
+		for _, in := range res.Inputs {
+			if in.Name == "kubelet command line" {
+				src = in.Source
+			}
+		}
+		if want := fmt.Sprintf("/proc/%d/cmdline", s.wantPID); s.wantPID != 0 && src != want {
+			t.Fatalf("%s: command line read from %q, want %s", s.name, src, want)
+		}
+		if s.wantPID == 0 && src != "" {
+			t.Fatalf("%s: command line read from %q, want no kubelet process", s.name, src)
+		}
 	}
 }

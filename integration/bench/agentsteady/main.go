@@ -9,6 +9,7 @@ package main
 import (
 	"bufio"
 	"context"
+	_ "embed"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/nodevigil/nodevigil/collectors"
 	"github.com/nodevigil/nodevigil/integration/bench/benchmain"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
@@ -217,6 +219,16 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	if abAgent != nil {
 		if exited, err := abAgent.Exited(); exited {
 			return fmt.Errorf("A/B agent exited during warm-up: %v\n%s", err, abAgent.LogTail(30))
+		}
+	}
+	// The figures mean something only for an agent whose node checks pass, as on a working
+	// node: an Unknown check (a fixture it could not read) costs less than a real one.
+	for _, m := range []struct{ name, addr string }{{"agent", metricsAddr}, {"comparison agent", otherAddr}, {"A/B agent", abAddr}} {
+		if m.addr == "" {
+			continue
+		}
+		if err := nodeChecksHealthy(ctx, m.addr); err != nil {
+			return fmt.Errorf("%s after warm-up: %w", m.name, err)
 		}
 	}
 	before, err := requestCounts(ctx, cp.Config())
@@ -489,6 +501,22 @@ func scrapeSum(ctx context.Context, url, series string) (float64, error) {
 	return 0, fmt.Errorf("%s: no series %s", url, series)
 }
 
+// nodeChecksHealthy reports which of the agent's node checks (memory, kubelet, CNI, kubelet
+// flags) is not Healthy on its metrics page at addr.
+func nodeChecksHealthy(ctx context.Context, addr string) error {
+	var bad []string
+	for _, c := range []collectors.CheckName{collectors.CheckMemory, collectors.CheckKubelet, collectors.CheckCNI, collectors.CheckKubeletConfig} {
+		v, err := scrapeSum(ctx, "http://"+addr+"/metrics", fmt.Sprintf(`nodevigil_agent_check_status{check="%s",status="%s"}`, c, collectors.StatusHealthy))
+		if err != nil || v != 1 {
+			bad = append(bad, string(c))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("checks %s are not Healthy on the fixture host", strings.Join(bad, ", "))
+	}
+	return nil
+}
+
 func freeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -590,16 +618,46 @@ func cpuTicks(pid int) (int64, error) {
 	return utime + stime, nil
 }
 
+// writeHost writes a host root the size of a busy EKS node's where the agent reads it every
+// check: full-length meminfo and vmstat (testdata, from a real machine), the node's and the
+// pods' PSI, a CNI config and plugin, and a /proc with systemd, 150 kernel threads, 150 user
+// processes and a kubelet (PID 3120, started late in boot) whose command line registers the
+// agent's startup taint. A proc with only the files the checks name would hide what a scan
+// of the processes costs.
 func writeHost(root string) error {
-	files := map[string]struct {
+	const psi = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=500\n"
+	type file struct {
 		data string
 		mode os.FileMode
-	}{
-		"proc/pressure/memory":            {"some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=500\n", 0o644},
-		"proc/meminfo":                    {"MemTotal:       8000000 kB\nMemFree:        4000000 kB\nMemAvailable:   6000000 kB\n", 0o644},
-		"etc/cni/net.d/10-bench.conflist": {`{"cniVersion":"1.0.0","name":"bench","plugins":[{"type":"bridge"}]}`, 0o644},
-		"opt/cni/bin/bridge":              {"#!/bin/sh\n", 0o755},
 	}
+	files := map[string]file{
+		"proc/pressure/memory":                         {psi, 0o644},
+		"sys/fs/cgroup/kubepods.slice/memory.pressure": {psi, 0o644},
+		"proc/meminfo":                                 {meminfo, 0o644},
+		"proc/vmstat":                                  {vmstat, 0o644},
+		"etc/cni/net.d/10-bench.conflist":              {`{"cniVersion":"1.0.0","name":"bench","plugins":[{"type":"bridge"}]}`, 0o644},
+		"opt/cni/bin/bridge":                           {"#!/bin/sh\n", 0o755},
+		"etc/kubernetes/kubelet/config.json":           {`{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","maxPods":29}`, 0o644},
+	}
+	proc := func(pid int, comm string, argv ...string) {
+		var cmdline strings.Builder
+		for _, a := range argv {
+			cmdline.WriteString(a + "\x00")
+		}
+		files[fmt.Sprintf("proc/%d/comm", pid)] = file{comm + "\n", 0o644}
+		files[fmt.Sprintf("proc/%d/cmdline", pid)] = file{cmdline.String(), 0o644}
+	}
+	proc(1, "systemd", "/usr/lib/systemd/systemd", "--switched-root", "--system", "--deserialize", "31")
+	for pid := 2; pid < 152; pid++ {
+		proc(pid, fmt.Sprintf("kworker/%d:1", pid))
+	}
+	for pid := 300; pid < 450; pid++ {
+		proc(pid, fmt.Sprintf("proc-%d", pid), fmt.Sprintf("/usr/bin/proc-%d", pid), "--flag")
+	}
+	proc(3120, "kubelet", "/usr/bin/kubelet", "--config=/etc/kubernetes/kubelet/config.json",
+		"--kubeconfig=/var/lib/kubelet/kubeconfig", "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+		"--node-ip=10.0.0.12", "--hostname-override=ip-10-0-0-12.ec2.internal",
+		"--register-with-taints=readiness.k8s.io/nodevigil-agent-not-ready=:NoSchedule")
 	for name, f := range files {
 		p := filepath.Join(root, name)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -611,3 +669,12 @@ func writeHost(root string) error {
 	}
 	return nil
 }
+
+// meminfo and vmstat are a real machine's (24 GiB, idle, oom_kill 0): full length, as the
+// agent parses them on a node.
+var (
+	//go:embed testdata/meminfo
+	meminfo string
+	//go:embed testdata/vmstat
+	vmstat string
+)

@@ -490,17 +490,37 @@ func TestFmtBytes(t *testing.T) {
 	}
 }
 
+// BenchmarkCheck reads a host root with node and pod PSI and a meminfo; "+vmstat" adds a
+// full-length /proc/vmstat (testdata/vmstat-full, 190 lines from a real kernel), as on a node.
 func BenchmarkCheck(b *testing.B) {
-	c, err := New(Config{HostRoot: "testdata/hosts/kubepods-systemd", Logger: discardLogger()})
+	full, err := os.ReadFile(filepath.Join("testdata", "vmstat-full"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if res := c.Check(ctx); res.Err != nil {
-			b.Fatal(res.Err)
-		}
+	withVMStat := b.TempDir()
+	if err := os.CopyFS(withVMStat, os.DirFS(filepath.Join("testdata", "hosts", "kubepods-systemd"))); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(withVMStat, "proc", "vmstat"), full, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct{ name, root string }{
+		{"kubepods-systemd", filepath.Join("testdata", "hosts", "kubepods-systemd")},
+		{"kubepods-systemd+vmstat", withVMStat},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c, err := New(Config{HostRoot: bc.root, Logger: discardLogger()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if res := c.Check(ctx); res.Err != nil {
+					b.Fatal(res.Err)
+				}
+			}
+		})
 	}
 }
 

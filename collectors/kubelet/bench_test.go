@@ -2,16 +2,15 @@ package kubelet
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/integration/fakeproc"
 )
 
 // BenchmarkCheck measures one kubelet check against a local /healthz with no bus socket
@@ -113,7 +112,9 @@ func BenchmarkConfigCheckNodeSizedProc(b *testing.B) {
 	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
 		b.Fatal(err)
 	}
-	writeNodeSizedProc(b, filepath.Join(root, "proc"))
+	if err := fakeproc.AddNodeSized(filepath.Join(root, "proc")); err != nil {
+		b.Fatal(err)
+	}
 	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: root, ExpectedTaints: []string{ciliumTaint}})
 	if err != nil {
 		b.Fatal(err)
@@ -124,29 +125,5 @@ func BenchmarkConfigCheckNodeSizedProc(b *testing.B) {
 		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
 			b.Fatal(res.Message)
 		}
-	}
-}
-
-// writeNodeSizedProc adds 150 kernel threads (PIDs 3–152: a comm, an empty cmdline) and 150
-// user processes (PIDs 300–449) to the fixture proc at dir.
-func writeNodeSizedProc(b testing.TB, dir string) {
-	b.Helper()
-	add := func(pid int, comm, cmdline string) {
-		d := filepath.Join(dir, strconv.Itoa(pid))
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(d, "comm"), []byte(comm+"\n"), 0o644); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(d, "cmdline"), []byte(cmdline), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for pid := 3; pid < 153; pid++ {
-		add(pid, fmt.Sprintf("kworker/%d:1", pid), "")
-	}
-	for pid := 300; pid < 450; pid++ {
-		add(pid, fmt.Sprintf("proc-%d", pid), fmt.Sprintf("/usr/bin/proc-%d\x00--flag\x00", pid))
 	}
 }

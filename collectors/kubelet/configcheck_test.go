@@ -7,11 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/integration/fakeproc"
 )
 
 const ciliumTaint = "node.cilium.io/agent-not-ready"
@@ -516,28 +517,24 @@ func TestConfigCheckFollowsTheKubeletAcrossRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	proc := filepath.Join(root, "proc")
-	writeNodeSizedProc(t, proc)
-	good, err := os.ReadFile(filepath.Join(proc, "2201", "cmdline"))
+	if err := fakeproc.AddNodeSized(proc); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(proc, "2201", "cmdline"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := append(append([]byte(nil), good...), "--register-with-taints=bad key:NoSchedule\x00"...)
-	setProc := func(pid int, comm string, cmdline []byte) {
+	good := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+	bad := append(slices.Clone(good), "--register-with-taints=bad key:NoSchedule")
+	setProc := func(pid int, comm string, argv ...string) {
 		t.Helper()
-		d := filepath.Join(proc, strconv.Itoa(pid))
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(d, "comm"), []byte(comm+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(d, "cmdline"), cmdline, 0o644); err != nil {
+		if err := fakeproc.Write(proc, pid, comm, argv...); err != nil {
 			t.Fatal(err)
 		}
 	}
 	exit := func(pid int) {
 		t.Helper()
-		if err := os.RemoveAll(filepath.Join(proc, strconv.Itoa(pid))); err != nil {
+		if err := fakeproc.Remove(proc, pid); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -554,21 +551,21 @@ func TestConfigCheckFollowsTheKubeletAcrossRestarts(t *testing.T) {
 	}{
 		{"running kubelet", func() {}, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
 		{"a kubelet-named process with a lower PID appears (a kubelet in a container): the followed one stays",
-			func() { setProc(1500, "kubelet", bad) }, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
+			func() { setProc(1500, "kubelet", bad...) }, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
 		{"restart under a new PID, with a malformed taint flag", func() {
 			exit(1500)
 			exit(2201)
-			setProc(2300, "kubelet", bad)
+			setProc(2300, "kubelet", bad...)
 		}, collectors.StatusUnhealthy, ReasonStartupTaintMalformed, 2300},
 		{"old PID reused by another program, kubelet restarted again", func() {
-			setProc(2300, "containerd", []byte("/usr/bin/containerd\x00"))
-			setProc(2400, "kubelet", good)
+			setProc(2300, "containerd", "/usr/bin/containerd")
+			setProc(2400, "kubelet", good...)
 		}, collectors.StatusHealthy, ReasonKubeletConfigValid, 2400},
 		{"old PID reused by a kernel thread named kubelet, no kubelet left", func() {
 			exit(2400)
-			setProc(2400, "kubelet", nil)
+			setProc(2400, "kubelet")
 		}, collectors.StatusUnknown, ReasonKubeletProcessNotFound, 0},
-		{"kubelet back at its old PID", func() { setProc(2201, "kubelet", good) }, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
+		{"kubelet back at its old PID", func() { setProc(2201, "kubelet", good...) }, collectors.StatusHealthy, ReasonKubeletConfigValid, 2201},
 	}
 	for _, s := range steps {
 		s.change()

@@ -32,6 +32,7 @@ import (
 	"github.com/nodevigil/nodevigil/integration/bench/benchmain"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/ec2emu"
+	"github.com/nodevigil/nodevigil/integration/fakeproc"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
 
@@ -620,10 +621,10 @@ func cpuTicks(pid int) (int64, error) {
 
 // writeHost writes a host root the size of a busy EKS node's where the agent reads it every
 // check: full-length meminfo and vmstat (testdata, from a real machine), the node's and the
-// pods' PSI, a CNI config and plugin, and a /proc with systemd, 150 kernel threads, 150 user
-// processes and a kubelet (PID 3120, started late in boot) whose command line registers the
-// agent's startup taint. A proc with only the files the checks name would hide what a scan
-// of the processes costs.
+// pods' PSI, a CNI config and plugin, and a /proc with systemd, 150 kernel threads and 150
+// user processes (fakeproc.AddNodeSized), and a kubelet (PID 3120, started late in boot)
+// whose command line registers the agent's startup taint. A proc with only the files the
+// checks name would hide what a scan of the processes costs.
 func writeHost(root string) error {
 	const psi = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=500\n"
 	type file struct {
@@ -639,25 +640,6 @@ func writeHost(root string) error {
 		"opt/cni/bin/bridge":                           {"#!/bin/sh\n", 0o755},
 		"etc/kubernetes/kubelet/config.json":           {`{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","maxPods":29}`, 0o644},
 	}
-	proc := func(pid int, comm string, argv ...string) {
-		var cmdline strings.Builder
-		for _, a := range argv {
-			cmdline.WriteString(a + "\x00")
-		}
-		files[fmt.Sprintf("proc/%d/comm", pid)] = file{comm + "\n", 0o644}
-		files[fmt.Sprintf("proc/%d/cmdline", pid)] = file{cmdline.String(), 0o644}
-	}
-	proc(1, "systemd", "/usr/lib/systemd/systemd", "--switched-root", "--system", "--deserialize", "31")
-	for pid := 2; pid < 152; pid++ {
-		proc(pid, fmt.Sprintf("kworker/%d:1", pid))
-	}
-	for pid := 300; pid < 450; pid++ {
-		proc(pid, fmt.Sprintf("proc-%d", pid), fmt.Sprintf("/usr/bin/proc-%d", pid), "--flag")
-	}
-	proc(3120, "kubelet", "/usr/bin/kubelet", "--config=/etc/kubernetes/kubelet/config.json",
-		"--kubeconfig=/var/lib/kubelet/kubeconfig", "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
-		"--node-ip=10.0.0.12", "--hostname-override=ip-10-0-0-12.ec2.internal",
-		"--register-with-taints=readiness.k8s.io/nodevigil-agent-not-ready=:NoSchedule")
 	for name, f := range files {
 		p := filepath.Join(root, name)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -667,7 +649,17 @@ func writeHost(root string) error {
 			return err
 		}
 	}
-	return nil
+	proc := filepath.Join(root, "proc")
+	if err := fakeproc.Write(proc, 1, "systemd", "/usr/lib/systemd/systemd", "--switched-root", "--system", "--deserialize", "31"); err != nil {
+		return err
+	}
+	if err := fakeproc.AddNodeSized(proc); err != nil {
+		return err
+	}
+	return fakeproc.Write(proc, 3120, "kubelet", "/usr/bin/kubelet", "--config=/etc/kubernetes/kubelet/config.json",
+		"--kubeconfig=/var/lib/kubelet/kubeconfig", "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+		"--node-ip=10.0.0.12", "--hostname-override=ip-10-0-0-12.ec2.internal",
+		"--register-with-taints=readiness.k8s.io/nodevigil-agent-not-ready=:NoSchedule")
 }
 
 // meminfo and vmstat are a real machine's (24 GiB, idle, oom_kill 0): full length, as the

@@ -67,63 +67,37 @@ func BenchmarkParseRegisterWithTaints(b *testing.B) {
 	}
 }
 
+// BenchmarkConfigCheck runs the flag check on: a running kubelet with config drop-ins
+// (dropin-json); no kubelet process, so the command line is rebuilt from the AL2 unit, its
+// drop-ins and the kubelet config file (from-unit); and dropin-json with a /proc the size of
+// a busy EKS node's besides the kubelet (node-sized-proc: 150 kernel threads, 150 user
+// processes, all below the kubelet's PID as on a node where it starts late in boot). The
+// fixtures' own /proc has four entries, which hides what a scan of /proc costs.
 func BenchmarkConfigCheck(b *testing.B) {
-	c, err := NewConfigCheck(ConfigCheckConfig{
-		HostRoot:       filepath.Join("testdata", "hosts", "dropin-json"),
-		ExpectedTaints: []string{ciliumTaint},
-	})
-	if err != nil {
+	nodeSized := b.TempDir()
+	if err := os.CopyFS(nodeSized, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
-			b.Fatal(res.Message)
-		}
-	}
-}
-
-// BenchmarkConfigCheckFromUnit: no kubelet process, so the command line is rebuilt from the
-// AL2 unit, its drop-ins and the kubelet config file.
-func BenchmarkConfigCheckFromUnit(b *testing.B) {
-	c, err := NewConfigCheck(ConfigCheckConfig{
-		HostRoot:       filepath.Join("testdata", "hosts", "al2-dropin-quoted-ok"),
-		ExpectedTaints: []string{ciliumTaint},
-	})
-	if err != nil {
+	if err := fakeproc.AddNodeSized(filepath.Join(nodeSized, "proc")); err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
-			b.Fatal(res.Message)
-		}
-	}
-}
-
-// BenchmarkConfigCheckNodeSizedProc runs the flag check with a /proc the size of a busy EKS
-// node's: 150 kernel threads (no command line), 150 user processes, and the kubelet started
-// after them, as on a node where it is started late in boot. The fixture proc of the small
-// host roots has four entries, which hides what a scan of /proc per check costs.
-func BenchmarkConfigCheckNodeSizedProc(b *testing.B) {
-	root := b.TempDir()
-	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
-		b.Fatal(err)
-	}
-	if err := fakeproc.AddNodeSized(filepath.Join(root, "proc")); err != nil {
-		b.Fatal(err)
-	}
-	c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: root, ExpectedTaints: []string{ciliumTaint}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
-			b.Fatal(res.Message)
-		}
+	for _, bc := range []struct{ name, root string }{
+		{"dropin-json", filepath.Join("testdata", "hosts", "dropin-json")},
+		{"from-unit", filepath.Join("testdata", "hosts", "al2-dropin-quoted-ok")},
+		{"node-sized-proc", nodeSized},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c, err := NewConfigCheck(ConfigCheckConfig{HostRoot: bc.root, ExpectedTaints: []string{ciliumTaint}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if res := c.Check(ctx); res.Status != collectors.StatusHealthy {
+					b.Fatal(res.Message)
+				}
+			}
+		})
 	}
 }

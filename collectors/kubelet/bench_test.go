@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -75,10 +74,7 @@ func BenchmarkParseRegisterWithTaints(b *testing.B) {
 // fixtures' own /proc has four entries, which hides what a scan of /proc costs.
 func BenchmarkConfigCheck(b *testing.B) {
 	nodeSized := b.TempDir()
-	if err := os.CopyFS(nodeSized, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
-		b.Fatal(err)
-	}
-	if err := fakeproc.AddNodeSized(filepath.Join(nodeSized, "proc")); err != nil {
+	if err := fakeproc.NodeSizedCopy(nodeSized, filepath.Join("testdata", "hosts", "dropin-json")); err != nil {
 		b.Fatal(err)
 	}
 	for _, bc := range []struct{ name, root string }{

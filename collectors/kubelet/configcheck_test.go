@@ -513,13 +513,10 @@ func TestConfigCheckInputsForExplain(t *testing.T) {
 // program, and when it is gone.
 func TestConfigCheckFollowsTheKubeletAcrossRestarts(t *testing.T) {
 	root := t.TempDir()
-	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "hosts", "dropin-json"))); err != nil {
+	if err := fakeproc.NodeSizedCopy(root, filepath.Join("testdata", "hosts", "dropin-json")); err != nil {
 		t.Fatal(err)
 	}
 	proc := filepath.Join(root, "proc")
-	if err := fakeproc.AddNodeSized(proc); err != nil {
-		t.Fatal(err)
-	}
 	raw, err := os.ReadFile(filepath.Join(proc, "2201", "cmdline"))
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/integration/fakeproc"
 )
 
 var t0 = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -491,17 +492,13 @@ func TestFmtBytes(t *testing.T) {
 }
 
 // BenchmarkCheck reads a host root with node and pod PSI and a meminfo; "+vmstat" adds a
-// full-length /proc/vmstat (testdata/vmstat-full, 190 lines from a real kernel), as on a node.
+// full-length /proc/vmstat (fakeproc.VMStat, 190 lines from a real kernel), as on a node.
 func BenchmarkCheck(b *testing.B) {
-	full, err := os.ReadFile(filepath.Join("testdata", "vmstat-full"))
-	if err != nil {
-		b.Fatal(err)
-	}
 	withVMStat := b.TempDir()
 	if err := os.CopyFS(withVMStat, os.DirFS(filepath.Join("testdata", "hosts", "kubepods-systemd"))); err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(withVMStat, "proc", "vmstat"), full, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(withVMStat, "proc", "vmstat"), []byte(fakeproc.VMStat), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	for _, bc := range []struct{ name, root string }{

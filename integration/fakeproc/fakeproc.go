@@ -5,6 +5,7 @@
 package fakeproc
 
 import (
+	_ "embed"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -53,3 +54,21 @@ func AddNodeSized(dir string) error {
 	}
 	return nil
 }
+
+// NodeSizedCopy copies the host root fixture at src into dst and adds AddNodeSized's
+// processes to its proc directory: a fixture's own few processes, on a node's worth of others.
+func NodeSizedCopy(dst, src string) error {
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		return err
+	}
+	return AddNodeSized(filepath.Join(dst, "proc"))
+}
+
+// Meminfo and VMStat are full-length /proc/meminfo and /proc/vmstat from a real machine (24 GiB,
+// idle, oom_kill 0), for fixtures that should cost what a node's do to parse.
+var (
+	//go:embed testdata/meminfo
+	Meminfo string
+	//go:embed testdata/vmstat
+	VMStat string
+)

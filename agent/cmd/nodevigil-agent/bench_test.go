@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -29,10 +28,7 @@ func BenchmarkCheckCycle(b *testing.B) {
 	kubelet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
 	defer kubelet.Close()
 	nodeSized := b.TempDir()
-	if err := os.CopyFS(nodeSized, os.DirFS(filepath.Join("testdata", "hosts", "healthy"))); err != nil {
-		b.Fatal(err)
-	}
-	if err := fakeproc.AddNodeSized(filepath.Join(nodeSized, "proc")); err != nil {
+	if err := fakeproc.NodeSizedCopy(nodeSized, filepath.Join("testdata", "hosts", "healthy")); err != nil {
 		b.Fatal(err)
 	}
 	for _, bc := range []struct{ name, root string }{

@@ -9,7 +9,6 @@ package main
 import (
 	"bufio"
 	"context"
-	_ "embed"
 	"flag"
 	"fmt"
 	"io"
@@ -620,7 +619,7 @@ func cpuTicks(pid int) (int64, error) {
 }
 
 // writeHost writes a host root the size of a busy EKS node's where the agent reads it every
-// check: full-length meminfo and vmstat (testdata, from a real machine), the node's and the
+// check: full-length meminfo and vmstat (fakeproc, from a real machine), the node's and the
 // pods' PSI, a CNI config and plugin, and a /proc with systemd, 150 kernel threads and 150
 // user processes (fakeproc.AddNodeSized), and a kubelet (PID 3120, started late in boot)
 // whose command line registers the agent's startup taint. A proc with only the files the
@@ -634,8 +633,8 @@ func writeHost(root string) error {
 	files := map[string]file{
 		"proc/pressure/memory":                         {psi, 0o644},
 		"sys/fs/cgroup/kubepods.slice/memory.pressure": {psi, 0o644},
-		"proc/meminfo":                                 {meminfo, 0o644},
-		"proc/vmstat":                                  {vmstat, 0o644},
+		"proc/meminfo":                                 {fakeproc.Meminfo, 0o644},
+		"proc/vmstat":                                  {fakeproc.VMStat, 0o644},
 		"etc/cni/net.d/10-bench.conflist":              {`{"cniVersion":"1.0.0","name":"bench","plugins":[{"type":"bridge"}]}`, 0o644},
 		"opt/cni/bin/bridge":                           {"#!/bin/sh\n", 0o755},
 		"etc/kubernetes/kubelet/config.json":           {`{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","maxPods":29}`, 0o644},
@@ -661,12 +660,3 @@ func writeHost(root string) error {
 		"--node-ip=10.0.0.12", "--hostname-override=ip-10-0-0-12.ec2.internal",
 		"--register-with-taints=readiness.k8s.io/nodevigil-agent-not-ready=:NoSchedule")
 }
-
-// meminfo and vmstat are a real machine's (24 GiB, idle, oom_kill 0): full length, as the
-// agent parses them on a node.
-var (
-	//go:embed testdata/meminfo
-	meminfo string
-	//go:embed testdata/vmstat
-	vmstat string
-)

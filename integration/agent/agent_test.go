@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodevigil/nodevigil/agent/timerslack"
 	"github.com/nodevigil/nodevigil/integration/controlplane"
 	"github.com/nodevigil/nodevigil/integration/testbin"
 )
@@ -383,6 +384,12 @@ func TestLeaseRenewedAndCollectedWithNode(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("lease not renewed: %v", err)
+	}
+	// The process renewing it is the one started, executed again in place with the agent's
+	// timer slack (package timerslack), which every thread it starts inherits.
+	slack, err := os.ReadFile(fmt.Sprintf("/proc/%d/timerslack_ns", n.agent.Pid()))
+	if want := strconv.FormatInt(timerslack.Slack.Nanoseconds(), 10); err != nil || strings.TrimSpace(string(slack)) != want {
+		t.Errorf("agent PID %d timer slack = %q (%v); want %s ns", n.agent.Pid(), slack, err, want)
 	}
 
 	if err := n.agent.Stop(10 * time.Second); err != nil {

@@ -53,6 +53,7 @@ import (
 	"github.com/nodevigil/nodevigil/agent/config"
 	"github.com/nodevigil/nodevigil/agent/kubeclient"
 	"github.com/nodevigil/nodevigil/agent/residency"
+	"github.com/nodevigil/nodevigil/agent/timerslack"
 	"github.com/nodevigil/nodevigil/collectors"
 	"github.com/nodevigil/nodevigil/collectors/cni"
 	"github.com/nodevigil/nodevigil/collectors/imds"
@@ -83,7 +84,15 @@ const (
 	exitUsage  = 2
 )
 
+// timerSlackErr is why main could not give the agent its timer slack, for runAgent to log.
+var timerSlackErr error
+
 func main() {
+	if cmd, _ := command(os.Args[1:]); cmd == "run" {
+		// First, before any output: on success the binary starts again, in place, with the
+		// slack (package timerslack), and this call does not return.
+		timerSlackErr = timerslack.Ensure(timerslack.Slack)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		// After the first signal, restore the default handling so a second one kills at once.
@@ -162,7 +171,9 @@ Run "nodevigil-agent run -h" or "nodevigil-agent check -h" for the flags.
 `
 
 // run dispatches the subcommand and returns the exit code.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, build checkBuilder) int {
+// command splits the command line into the subcommand ("run" when none is named) and its
+// flags.
+func command(args []string) (string, []string) {
 	cmd := "run"
 	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
 		cmd, args = "version", args[1:]
@@ -170,6 +181,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, build che
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
+	return cmd, args
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, build checkBuilder) int {
+	cmd, args := command(args)
 	switch cmd {
 	case "run":
 		return runAgent(ctx, args, stderr, build)
@@ -285,6 +301,9 @@ func runAgent(ctx context.Context, args []string, stderr io.Writer, build checkB
 	}
 	log := cfg.NewLogger(stderr)
 	slog.SetDefault(log)
+	if timerSlackErr != nil {
+		log.Warn("timer slack not applied; the agent wakes more often when idle", "err", timerSlackErr)
+	}
 	if n := procs(runtime.GOMAXPROCS(0), os.Getenv("GOMAXPROCS") != ""); n > 0 {
 		prev := runtime.GOMAXPROCS(n)
 		log.Debug("gomaxprocs capped", "from", prev, "to", n)

@@ -275,7 +275,17 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	tokens0, reads0 := emu.IMDSCalls(instanceID)
 	start := time.Now()
 	var rss, anon, file, orss, oanon, ofile []int64
+	// Scheduler counts at every whole minute of the window, for the per-minute median: one
+	// minute's CPU can read several times another's on a host that reports no steal time.
+	minutes0 := []sched{ps0}
+	abMinutes := []sched{abps0}
 	for time.Since(start) < duration {
+		if time.Since(start) >= time.Duration(len(minutes0))*time.Minute {
+			minutes0 = append(minutes0, readSched(agent.Pid()))
+			if abAgent != nil {
+				abMinutes = append(abMinutes, readSched(abAgent.Pid()))
+			}
+		}
 		m, err := memKB(agent.Pid())
 		if err != nil {
 			return fmt.Errorf("agent gone: %w\n%s", err, agent.LogTail(30))
@@ -348,17 +358,21 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	fmt.Printf("| of which file-backed (binary pages) | %.1f MiB |\n", mib(file[len(file)/2]))
 	fmt.Printf("| CPU average | %.2f mCPU |\n", mcpu)
 	fmt.Printf("| context switches, all threads (a count: robust to load) | %.0f per minute |\n", float64(cs1-cs0)/minutes)
-	printCounts := func(who string, a, b sched, ra, rb [2]float64) {
+	printCounts := func(who string, a, b sched, ra, rb [2]float64, byMinute []sched) {
 		fmt.Printf("| %sCPU from schedstat (ns resolution) | %.3f mCPU = %.2f ms CPU per minute |\n", who, float64(b.runNS-a.runNS)/elapsed.Seconds()/1e6, float64(b.runNS-a.runNS)/1e6/minutes)
+		if m := minuteMCPU(byMinute); len(m) > 1 {
+			med := (m[(len(m)-1)/2] + m[len(m)/2]) / 2
+			fmt.Printf("| %sCPU per minute, schedstat: median (min–max) of %d | %.3f mCPU (%.3f–%.3f) |\n", who, len(m), med, m[0], m[len(m)-1])
+		}
 		fmt.Printf("| %stimes put on a CPU (wake-ups, all threads) | %.0f per minute; voluntary switches %.0f, involuntary %.0f per minute |\n", who,
 			float64(b.runs-a.runs)/minutes, float64(b.voluntary-a.voluntary)/minutes, float64(b.involuntary-a.involuntary)/minutes)
 		if ra[0] > 0 && rb[0] > 0 {
 			fmt.Printf("| %sallocations (go_memstats_mallocs_total) | %.0f per minute; GC cycles %.2f per minute |\n", who, (rb[0]-ra[0])/minutes, (rb[1]-ra[1])/minutes)
 		}
 	}
-	printCounts("", ps0, ps1, rt0, rt1)
+	printCounts("", ps0, ps1, rt0, rt1, append(minutes0, ps1))
 	if other != nil {
-		printCounts("checks off: ", ops0, ops1, ort0, ort1)
+		printCounts("checks off: ", ops0, ops1, ort0, ort1, nil)
 		omcpu := float64(ocpu1-ocpu0) / ticksPerSecond / elapsed.Seconds() * 1000
 		fmt.Printf("| same build, AWS event checks off (`imds.disabled: true`), same window: RSS median (max) | %.1f MiB (%.1f MiB); anonymous %.1f MiB, file-backed %.1f MiB |\n",
 			mib(orss[len(orss)/2]), mib(orss[len(orss)-1]), mib(oanon[len(oanon)/2]), mib(ofile[len(ofile)/2]))
@@ -371,7 +385,7 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		abmcpu := float64(abcpu1-abcpu0) / ticksPerSecond / elapsed.Seconds() * 1000
 		fmt.Printf("| A/B: %s, same settings, same window: RSS median (max) | %.1f MiB (%.1f MiB) |\n", abBin, mib(abrss[len(abrss)/2]), mib(abrss[len(abrss)-1]))
 		fmt.Printf("| A/B: CPU average | %.2f mCPU (this build %+.2f) |\n", abmcpu, mcpu-abmcpu)
-		printCounts("A/B: ", abps0, abps1, abrt0, abrt1)
+		printCounts("A/B: ", abps0, abps1, abrt0, abrt1, append(abMinutes, abps1))
 		if imdsOn {
 			fmt.Printf("| A/B: IMDS | %.1f metadata reads and %.2f token requests per minute |\n", float64(abReads1-abReads0)/minutes, float64(abTokens1-abTokens0)/minutes)
 		}
@@ -555,12 +569,24 @@ type sched struct {
 	runs        int64 // times put on a CPU (third field)
 	voluntary   int64
 	involuntary int64
+	at          time.Time // when it was read
+}
+
+// minuteMCPU returns the CPU between consecutive snapshots (taken about a minute apart) in
+// mCPU, sorted.
+func minuteMCPU(snaps []sched) []float64 {
+	var m []float64
+	for i := 1; i < len(snaps); i++ {
+		m = append(m, float64(snaps[i].runNS-snaps[i-1].runNS)/snaps[i].at.Sub(snaps[i-1].at).Seconds()/1e6)
+	}
+	slices.Sort(m)
+	return m
 }
 
 // readSched sums /proc/PID/task/*/schedstat and the context switches in .../status (zero
 // when /proc cannot be read).
 func readSched(pid int) sched {
-	var s sched
+	s := sched{at: time.Now()}
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
 	for _, t := range tasks {
 		if data, err := os.ReadFile(t + "/schedstat"); err == nil {

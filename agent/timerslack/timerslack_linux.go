@@ -25,6 +25,10 @@ func Current() (time.Duration, error) {
 // Call it first thing, before the process has output anything or started any work: the new
 // image starts from main again.
 func Ensure(slack time.Duration) error {
+	// The slack belongs to a thread: read and set it on the thread that calls execve, which
+	// becomes the new image's main thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	cur, err := Current()
 	if err != nil {
 		return err
@@ -36,10 +40,6 @@ func Ensure(slack time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("find own executable to apply timer slack: %w", err)
 	}
-	// The slack belongs to a thread: set it on the thread that calls execve, which becomes
-	// the new image's main thread.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(slack), 0, 0, 0); err != nil {
 		return fmt.Errorf("set timer slack %v: %w", slack, err)
 	}

@@ -170,7 +170,6 @@ Usage:
 Run "nodevigil-agent run -h" or "nodevigil-agent check -h" for the flags.
 `
 
-// run dispatches the subcommand and returns the exit code.
 // command splits the command line into the subcommand ("run" when none is named) and its
 // flags.
 func command(args []string) (string, []string) {
@@ -184,6 +183,7 @@ func command(args []string) (string, []string) {
 	return cmd, args
 }
 
+// run dispatches the subcommand and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, build checkBuilder) int {
 	cmd, args := command(args)
 	switch cmd {

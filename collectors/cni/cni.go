@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -35,6 +34,7 @@ import (
 	"time"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/hostfile"
 )
 
 // Name is the check name the CNI collector reports under.
@@ -310,19 +310,11 @@ func (c *Collector) readHostFile(name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close() // read-only: Close cannot lose data.
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxConfigSize {
+	data, err := hostfile.Read(p, nil, maxConfigSize)
+	if errors.Is(err, hostfile.ErrTooLarge) {
 		return nil, errTooLarge
 	}
-	return data, nil
+	return data, err
 }
 
 // readError marks a failure to read (as opposed to invalid content) in pluginsFromDir.

@@ -1,10 +1,10 @@
 package kubelet
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/hostfile"
 )
 
 // Reasons of the "kubelet-config" check.
@@ -539,16 +540,16 @@ var errKubeletNotFound = errors.New("no kubelet process found")
 // of a scan of every process; a restarted kubelet has a new PID, so its old one is gone or
 // belongs to another program, and the scan finds the new one.
 func findKubelet(ctx context.Context, procDir string, hint int) (kubeletProcess, error) {
+	if hint > 0 {
+		// Read the two files directly: this is the path every check of a running node takes,
+		// and procfs would first stat and statfs procDir and stat the process's directory.
+		if args, ok := kubeletArgs(procDir, hint); ok {
+			return kubeletProcess{pid: hint, args: args}, nil
+		}
+	}
 	fs, err := procfs.NewFS(procDir)
 	if err != nil {
 		return kubeletProcess{}, fmt.Errorf("open %s: %w", procDir, err)
-	}
-	if hint > 0 {
-		if p, err := fs.Proc(hint); err == nil {
-			if args, ok := kubeletArgs(p); ok {
-				return kubeletProcess{pid: p.PID, args: args}, nil
-			}
-		}
 	}
 	procs, err := fs.AllProcs()
 	if err != nil {
@@ -559,26 +560,35 @@ func findKubelet(ctx context.Context, procDir string, hint int) (kubeletProcess,
 		if err := ctx.Err(); err != nil {
 			return kubeletProcess{}, fmt.Errorf("scan %s: %w", procDir, err)
 		}
-		if args, ok := kubeletArgs(p); ok {
+		if args, ok := kubeletArgs(procDir, p.PID); ok {
 			return kubeletProcess{pid: p.PID, args: args}, nil
 		}
 	}
 	return kubeletProcess{}, fmt.Errorf("%w in %s (is the agent running with the host's /proc?)", errKubeletNotFound, procDir)
 }
 
-// kubeletArgs returns p's command line when p is a kubelet: its comm or the base name of
-// its argv[0] is "kubelet". A process that exited, or a kernel thread (no command line), is
-// not.
-func kubeletArgs(p procfs.Proc) ([]string, bool) {
-	comm, err := p.Comm()
+// maxCmdlineSize bounds how much of /proc/<pid>/cmdline is read, as procfs bounds it.
+const maxCmdlineSize = 1 << 20
+
+// kubeletArgs returns the command line of process pid under procDir when it is a kubelet: its
+// comm or the base name of its argv[0] is "kubelet". A process that exited, or a kernel thread
+// (no command line), is not. The files are parsed as procfs's Proc.Comm and Proc.CmdLine parse
+// them (TestKubeletArgsAgreesWithProcfs).
+func kubeletArgs(procDir string, pid int) ([]string, bool) {
+	dir := filepath.Join(procDir, strconv.Itoa(pid))
+	comm, err := hostfile.Read(filepath.Join(dir, "comm"), nil, 4096)
 	if err != nil {
 		return nil, false
 	}
-	args, err := p.CmdLine()
-	if err != nil || len(args) == 0 {
+	cmdline, err := hostfile.Read(filepath.Join(dir, "cmdline"), nil, maxCmdlineSize)
+	if err != nil {
 		return nil, false
 	}
-	return args, comm == "kubelet" || path.Base(args[0]) == "kubelet"
+	if len(cmdline) == 0 {
+		return nil, false
+	}
+	args := strings.Split(string(bytes.TrimRight(cmdline, "\x00")), "\x00")
+	return args, strings.TrimSpace(string(comm)) == "kubelet" || path.Base(args[0]) == "kubelet"
 }
 
 // kubeletFlags holds the few kubelet flags this check needs.
@@ -699,17 +709,12 @@ func (c *ConfigCheck) hostPath(p string) string {
 
 // readConfigTaints reads registerWithTaints from a KubeletConfiguration file (YAML or JSON).
 func readConfigTaints(p string) ([]Taint, bool, error) {
-	f, err := os.Open(p)
+	data, err := hostfile.Read(p, nil, maxConfigBytes)
+	if errors.Is(err, hostfile.ErrTooLarge) {
+		return nil, false, fmt.Errorf("kubelet config %s is larger than %d bytes", p, maxConfigBytes)
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("read kubelet config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
-	if err != nil {
-		return nil, false, fmt.Errorf("read kubelet config %s: %w", p, err)
-	}
-	if len(data) > maxConfigBytes {
-		return nil, false, fmt.Errorf("kubelet config %s is larger than %d bytes", p, maxConfigBytes)
 	}
 	taints, set, err := parseConfigTaints(data)
 	if err != nil {

@@ -3,7 +3,6 @@ package kubelet
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -12,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/nodevigil/nodevigil/collectors/hostfile"
 )
 
 // This file rebuilds the kubelet's command line from its systemd unit files, the way systemd
@@ -344,17 +345,12 @@ var errNotDir error = syscall.ENOTDIR
 
 // readHostFile reads a host path (absolute, as on the host) under hostRoot, bounded.
 func readHostFile(hostRoot, p string) ([]byte, error) {
-	f, err := os.Open(filepath.Join(hostRoot, filepath.FromSlash(p)))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", p, err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxUnitFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", p, err)
-	}
-	if len(data) > maxUnitFileBytes {
+	data, err := hostfile.Read(filepath.Join(hostRoot, filepath.FromSlash(p)), nil, maxUnitFileBytes)
+	if errors.Is(err, hostfile.ErrTooLarge) {
 		return nil, fmt.Errorf("%s is larger than %d bytes", p, maxUnitFileBytes)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
 	}
 	return data, nil
 }

@@ -7,8 +7,7 @@
 // The check reads three things, all under <HostRoot>/proc:
 //
 //   - pressure stall information (PSI): the share of time every non-idle task was stalled
-//     waiting for memory ("full"), node-wide from /proc/pressure/memory (through
-//     prometheus/procfs) and, when present, from the cgroup v2 memory.pressure file of the
+//     waiting for memory ("full"), node-wide from /proc/pressure/memory and, when present, from the cgroup v2 memory.pressure file of the
 //     kubelet's pod cgroup (kubepods.slice with the systemd cgroup driver, kubepods with
 //     cgroupfs). The worse of the two is judged;
 //   - MemAvailable against MemTotal from /proc/meminfo;
@@ -51,6 +50,7 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -64,9 +64,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/procfs"
-
 	"github.com/nodevigil/nodevigil/collectors"
+	"github.com/nodevigil/nodevigil/collectors/hostfile"
 )
 
 // Name is the check name the memory collector reports under.
@@ -189,9 +188,11 @@ type Collector struct {
 	oomWindow              time.Duration
 	kubeletUnit            string
 
-	mu      sync.Mutex
-	proc    procfs.FS
-	procOK  bool
+	mu     sync.Mutex
+	procOK bool // <hostRoot>/proc has been seen to exist
+	// buf is reused for every file a check reads (under mu): the check reads four files every
+	// cycle, and a buffer each would be most of what it allocates.
+	buf     []byte
 	state   hysteresis
 	cause   string // reason recorded when the verdict last turned unhealthy
 	psiLost bool   // the PSI-unsupported message has been logged
@@ -483,11 +484,15 @@ func (c *Collector) recentOOMs(now time.Time) (n uint64, last time.Time) {
 func (c *Collector) read() (reading, string, error) {
 	var r reading
 	if !c.procOK {
-		p, err := procfs.NewFS(filepath.Join(c.hostRoot, "proc"))
+		p := filepath.Join(c.hostRoot, "proc")
+		fi, err := os.Stat(p)
+		if err == nil && !fi.IsDir() {
+			err = fmt.Errorf("%s is not a directory", p)
+		}
 		if err != nil {
 			return r, ReasonMeminfoUnreadable, fmt.Errorf("memory: open proc under host root %q: %w", c.hostRoot, err)
 		}
-		c.proc, c.procOK = p, true
+		c.procOK = true
 	}
 
 	if c.psiEnabled {
@@ -508,22 +513,31 @@ func (c *Collector) read() (reading, string, error) {
 
 // readVMStat reads the oom_kill counter; failures only drop it from the message.
 func (c *Collector) readVMStat(r *reading) {
-	f, err := os.Open(filepath.Join(c.hostRoot, "proc", "vmstat"))
+	data, err := c.readFile(filepath.Join(c.hostRoot, "proc", "vmstat"), maxVMStatSize)
 	if err != nil {
 		return
 	}
-	defer f.Close()
-	if n, err := parseOOMKills(f); err == nil {
+	if n, err := parseOOMKills(bytes.NewReader(data)); err == nil {
 		r.oomOK, r.oomKills = true, n
 	}
 }
 
+// readFile reads one host file into the collector's buffer; the result is valid until the
+// next call.
+func (c *Collector) readFile(path string, limit int) ([]byte, error) {
+	data, err := hostfile.Read(path, c.buf, limit)
+	if cap(data) > cap(c.buf) {
+		c.buf = data[:0]
+	}
+	return data, err
+}
+
 func (c *Collector) readPSI(r *reading) error {
 	var nodeUnsupported error
-	p, err := c.proc.PSIStatsForResource("memory")
+	data, err := c.readFile(filepath.Join(c.hostRoot, "proc", "pressure", "memory"), maxPSIFileSize)
 	switch {
 	case err == nil:
-		st, err := fromProcfs(p)
+		st, err := parsePSI(bytes.NewReader(data))
 		if err == nil && !st.HasFull {
 			err = errors.New(`no "full" line`)
 		}
@@ -539,7 +553,7 @@ func (c *Collector) readPSI(r *reading) error {
 		return fmt.Errorf("memory: read /proc/pressure/memory: %w", err)
 	}
 
-	path, st, err := readKubepodsPSI(c.hostRoot)
+	path, st, err := c.readKubepodsPSI()
 	switch {
 	case path == "":
 		// No pod cgroup with PSI (cgroup v1, or not created yet): node-wide only.
@@ -563,20 +577,24 @@ func (c *Collector) readPSI(r *reading) error {
 }
 
 func (c *Collector) readMeminfo(r *reading) error {
-	m, err := c.proc.Meminfo()
+	data, err := c.readFile(filepath.Join(c.hostRoot, "proc", "meminfo"), maxMeminfoSize)
 	if err != nil {
 		return fmt.Errorf("memory: read /proc/meminfo: %w", err)
 	}
+	m, err := parseMeminfo(data)
+	if err != nil {
+		return fmt.Errorf("memory: parse /proc/meminfo: %w", err)
+	}
 	switch {
-	case m.MemTotalBytes == nil || *m.MemTotalBytes == 0:
+	case !m.hasTotal || m.totalBytes == 0:
 		return errors.New("memory: /proc/meminfo has no usable MemTotal")
-	case m.MemAvailableBytes == nil:
+	case !m.hasAvailable:
 		return errors.New("memory: /proc/meminfo has no MemAvailable (kernel older than 3.14?)")
-	case *m.MemAvailableBytes > *m.MemTotalBytes:
-		return fmt.Errorf("memory: /proc/meminfo MemAvailable %d exceeds MemTotal %d", *m.MemAvailableBytes, *m.MemTotalBytes)
+	case m.availableBytes > m.totalBytes:
+		return fmt.Errorf("memory: /proc/meminfo MemAvailable %d exceeds MemTotal %d", m.availableBytes, m.totalBytes)
 	}
 	r.memOK = true
-	r.availBytes, r.totalBytes = *m.MemAvailableBytes, *m.MemTotalBytes
+	r.availBytes, r.totalBytes = m.availableBytes, m.totalBytes
 	r.availPercent = 100 * float64(r.availBytes) / float64(r.totalBytes)
 	return nil
 }

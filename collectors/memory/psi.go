@@ -2,18 +2,16 @@ package memory
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/prometheus/procfs"
 
 	"github.com/nodevigil/nodevigil/collectors"
 )
@@ -177,52 +175,20 @@ func checkPercent(v float64) error {
 	return nil
 }
 
-// fromProcfs converts and validates what procfs parsed from /proc/pressure/memory. procfs
-// scans with %f, which accepts NaN and Inf, so the same range checks as parsePSI apply.
-func fromProcfs(p procfs.PSIStats) (psiStats, error) {
-	var st psiStats
-	for _, x := range []struct {
-		name string
-		src  *procfs.PSILine
-		dst  *psiLine
-		has  *bool
-	}{
-		{"some", p.Some, &st.Some, &st.HasSome},
-		{"full", p.Full, &st.Full, &st.HasFull},
-	} {
-		if x.src == nil {
-			continue
-		}
-		for _, v := range []float64{x.src.Avg10, x.src.Avg60, x.src.Avg300} {
-			if err := checkPercent(v); err != nil {
-				return psiStats{}, fmt.Errorf("%s line: %w", x.name, err)
-			}
-		}
-		*x.dst = psiLine{Avg10: x.src.Avg10, Avg60: x.src.Avg60, Avg300: x.src.Avg300, Total: x.src.Total}
-		*x.has = true
-	}
-	if !st.HasSome && !st.HasFull {
-		return psiStats{}, errors.New(`no "some" or "full" line`)
-	}
-	return st, nil
-}
-
 // readKubepodsPSI reads the memory.pressure file of the kubelet's pod cgroup. It returns an
 // empty path and no error when neither file exists (cgroup v1, or the kubelet has not created
 // its cgroup yet); an error wrapping errPSIUnsupported when the file exists but PSI is off; and
 // any other error as a failure. path is the file's location on the host (without hostRoot).
-func readKubepodsPSI(hostRoot string) (path string, st psiStats, err error) {
+func (c *Collector) readKubepodsPSI() (path string, st psiStats, err error) {
 	for _, rel := range kubepodsPressureFiles {
-		f, err := os.Open(filepath.Join(hostRoot, rel))
+		data, err := c.readFile(filepath.Join(c.hostRoot, rel), maxPSIFileSize)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		path = "/" + rel
-		if err != nil {
-			return path, psiStats{}, err
+		if err == nil {
+			st, err = parsePSI(bytes.NewReader(data))
 		}
-		st, err = parsePSI(io.LimitReader(f, maxPSIFileSize))
-		_ = f.Close() // read-only file: Close cannot lose data.
 		if errors.Is(err, syscall.EOPNOTSUPP) {
 			return path, psiStats{}, fmt.Errorf("%w: %w", errPSIUnsupported, err)
 		}

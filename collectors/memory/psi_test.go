@@ -2,6 +2,7 @@ package memory
 
 import (
 	"errors"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -74,24 +75,9 @@ func TestParsePSI(t *testing.T) {
 	}
 }
 
-func TestFromProcfs(t *testing.T) {
-	ok := &procfs.PSILine{Avg10: 12.5, Avg60: 3, Avg300: 1, Total: 9}
-	got, err := fromProcfs(procfs.PSIStats{Some: ok, Full: ok})
-	if err != nil || !got.HasFull || got.Full.Avg10 != 12.5 || got.Full.Total != 9 || !got.HasSome {
-		t.Errorf("got %+v, %v", got, err)
-	}
-	if _, err := fromProcfs(procfs.PSIStats{}); err == nil {
-		t.Error("no lines: want error")
-	}
-	bad := &procfs.PSILine{Avg10: math.NaN()}
-	if _, err := fromProcfs(procfs.PSIStats{Full: bad}); err == nil {
-		t.Error("NaN: want error")
-	}
-}
-
 func TestReadKubepodsPSI(t *testing.T) {
 	root := t.TempDir()
-	path, _, err := readKubepodsPSI(root)
+	path, _, err := (&Collector{hostRoot: root}).readKubepodsPSI()
 	if path != "" || err != nil {
 		t.Errorf("no cgroup: got path %q err %v, want neither", path, err)
 	}
@@ -107,7 +93,7 @@ func TestReadKubepodsPSI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	path, st, err := readKubepodsPSI(root)
+	path, st, err := (&Collector{hostRoot: root}).readKubepodsPSI()
 	if err != nil || path != "/sys/fs/cgroup/kubepods.slice/memory.pressure" || st.Full.Avg10 != 7 {
 		t.Errorf("got %q %+v %v, want the kubepods.slice file with full avg10 7", path, st, err)
 	}
@@ -198,4 +184,63 @@ func FuzzParsePSI(f *testing.F) {
 			t.Fatalf("round trip changed the reading: %+v -> %q -> %+v", st, out, again)
 		}
 	})
+}
+
+// TestParsePSIAgreesWithProcfs holds parsePSI, which now reads the node-wide file too, to
+// prometheus/procfs, which read it before, on this host's /proc/pressure/memory and every
+// fixture: where procfs parses a line, parsePSI finds the same values, and parsePSI also
+// rejects the non-finite averages procfs's %f lets through (which the check rejected anyway).
+func TestParsePSIAgreesWithProcfs(t *testing.T) {
+	files, err := filepath.Glob("testdata/hosts/*/proc/pressure/memory")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no PSI fixtures: %v", err)
+	}
+	files = append(files, "/proc/pressure/memory")
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			data, err := os.ReadFile(f)
+			if errors.Is(err, fs.ErrNotExist) && f == "/proc/pressure/memory" {
+				return // a kernel without PSI: the fixtures still ran
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			root := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(root, "pressure"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "pressure", "memory"), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			pfs, err := procfs.NewFS(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, perr := pfs.PSIStatsForResource("memory")
+			got, err := parsePSI(strings.NewReader(string(data)))
+			finite := func(l *procfs.PSILine) bool {
+				return l == nil || checkPercent(l.Avg10) == nil && checkPercent(l.Avg60) == nil && checkPercent(l.Avg300) == nil
+			}
+			procfsOK := perr == nil && (want.Some != nil || want.Full != nil) && finite(want.Some) && finite(want.Full)
+			if (err == nil) != procfsOK {
+				t.Fatalf("parsePSI err = %v; procfs %+v, err = %v: they disagree on whether this is PSI", err, want, perr)
+			}
+			if err != nil {
+				return
+			}
+			for _, l := range []struct {
+				name string
+				has  bool
+				got  psiLine
+				want *procfs.PSILine
+			}{{"some", got.HasSome, got.Some, want.Some}, {"full", got.HasFull, got.Full, want.Full}} {
+				if l.has != (l.want != nil) {
+					t.Fatalf("%s line: parsePSI has %v, procfs %v", l.name, l.has, l.want != nil)
+				}
+				if l.want != nil && (l.got.Avg10 != l.want.Avg10 || l.got.Avg60 != l.want.Avg60 || l.got.Avg300 != l.want.Avg300 || l.got.Total != l.want.Total) {
+					t.Fatalf("%s line: parsePSI %+v, procfs %+v", l.name, l.got, *l.want)
+				}
+			}
+		})
+	}
 }

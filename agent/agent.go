@@ -204,6 +204,7 @@ type Agent struct {
 	lease      *heartbeat.Renewer
 	handler    http.Handler
 	running    map[collectors.CheckName]*atomic.Bool
+	workers    map[collectors.CheckName]*checkWorker
 
 	checkStatus   *prometheus.GaugeVec
 	checkDuration *prometheus.HistogramVec
@@ -274,6 +275,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg:      cfg,
 		nodeRef:  &v1.ObjectReference{Kind: "Node", Name: cfg.NodeName, UID: types.UID(cfg.NodeName)},
 		running:  map[collectors.CheckName]*atomic.Bool{},
+		workers:  map[collectors.CheckName]*checkWorker{},
 		last:     map[collectors.CheckName]collectors.Result{},
 		repairCh: make(chan collectors.Result, 1),
 	}
@@ -283,6 +285,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent: two checks named %q", name)
 		}
 		a.running[name] = &atomic.Bool{}
+		a.workers[name] = &checkWorker{check: c, now: cfg.Clock.Now, log: cfg.Logger}
 	}
 	for _, g := range cfg.GatingChecks {
 		if _, ok := a.running[g]; !ok {
@@ -638,9 +641,52 @@ func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
 			Err: errors.New("previous run still in progress")}
 	}
 	start := a.cfg.Clock.Now()
-	r := runGuarded(ctx, c, a.cfg.CheckTimeout, a.cfg.Clock.Now, a.cfg.Logger, func() { busy.Store(false) })
+	w := a.workers[name]
+	r := runGuarded(ctx, name, a.cfg.CheckTimeout, a.cfg.Clock.Now, func(ctx context.Context, out chan<- collectors.Result) {
+		w.submit(checkJob{ctx: ctx, out: out, done: func() { busy.Store(false) }})
+	})
 	a.checkDuration.WithLabelValues(string(name)).Observe(a.cfg.Clock.Since(start).Seconds())
 	return r
+}
+
+// checkWorker runs one check's Check calls, one at a time, on a goroutine that lives as long
+// as the agent. A fresh goroutine per check per cycle starts every 10 s on a small stack and
+// grows it by copying (the checks' parsers and D-Bus calls take it to tens of KiB), each copy
+// walking every frame with cold caches: in a CPU profile of the idle agent, runtime.morestack
+// was 8 % of the samples (docs/benchmarks.md, session 14). A long-lived goroutine keeps its
+// grown stack between cycles (the garbage collector halves it at most once per GC cycle).
+//
+// The worker is started on the first job. At most one job is ever pending: the agent's
+// running flag for the check is set before a job is submitted and cleared by the worker only
+// after the job's result is sent, so submit never blocks.
+type checkWorker struct {
+	check Checker
+	now   func() time.Time
+	log   *slog.Logger
+
+	once sync.Once
+	jobs chan checkJob
+}
+
+// checkJob is one run of a check: its result goes to out (capacity one, so the worker never
+// waits for a caller that gave up), then done is called.
+type checkJob struct {
+	ctx  context.Context
+	out  chan<- collectors.Result
+	done func()
+}
+
+func (w *checkWorker) submit(j checkJob) {
+	w.once.Do(func() {
+		w.jobs = make(chan checkJob, 1)
+		go func() {
+			for j := range w.jobs {
+				j.out <- safeCheck(j.ctx, w.check, w.now, w.log)
+				j.done()
+			}
+		}()
+	})
+	w.jobs <- j
 }
 
 // RunOnce runs every check once, concurrently, each under timeout and guarded like the
@@ -653,39 +699,29 @@ func RunOnce(ctx context.Context, checks []Checker, timeout time.Duration, log *
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = runGuarded(ctx, c, timeout, time.Now, log, func() {})
+			results[i] = runGuarded(ctx, c.Name(), timeout, time.Now, func(ctx context.Context, out chan<- collectors.Result) {
+				go func() { out <- safeCheck(ctx, c, time.Now, log) }()
+			})
 		}()
 	}
 	wg.Wait()
 	return results
 }
 
-// runGuarded runs one check under timeout, turning a timeout or a panic into an Unknown
-// result and normalising what the check returned. done is called when the check's goroutine
-// has really returned, which may be after runGuarded gave up on it.
-func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func() time.Time, log *slog.Logger, done func()) collectors.Result {
-	name := c.Name()
-	unknown := func(reason, msg string, err error) collectors.Result {
-		return collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: reason, Message: msg, Time: now(), Err: err}
-	}
+// runGuarded runs one check under timeout: start must run it in the background with the
+// given context and send its result to out. A timeout becomes an Unknown result, and what the
+// check returned is normalised. The check may still be running when runGuarded returns.
+func runGuarded(ctx context.Context, name collectors.CheckName, timeout time.Duration, now func() time.Time, start func(context.Context, chan<- collectors.Result)) collectors.Result {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ch := make(chan collectors.Result, 1)
-	go func() {
-		defer done()
-		defer func() {
-			if p := recover(); p != nil {
-				log.Error("check panicked", "check", name, "err", fmt.Sprint(p), "stack", string(debug.Stack()))
-				ch <- unknown("CheckPanicked", fmt.Sprintf("check panicked: %v", p), fmt.Errorf("panic: %v", p))
-			}
-		}()
-		ch <- c.Check(cctx)
-	}()
+	start(cctx, ch)
 	var r collectors.Result
 	select {
 	case r = <-ch:
 	case <-cctx.Done():
-		r = unknown("CheckTimeout", fmt.Sprintf("check did not return within %s", timeout), cctx.Err())
+		r = collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: "CheckTimeout",
+			Message: fmt.Sprintf("check did not return within %s", timeout), Time: now(), Err: cctx.Err()}
 	}
 	if r.Check == "" {
 		r.Check = name
@@ -699,6 +735,20 @@ func runGuarded(ctx context.Context, c Checker, timeout time.Duration, now func(
 		r.Status = collectors.StatusUnknown
 	}
 	return r
+}
+
+// safeCheck runs c.Check, turning a panic into an Unknown result, so a bug in one check
+// cannot take the agent (or a check worker) down.
+func safeCheck(ctx context.Context, c Checker, now func() time.Time, log *slog.Logger) (r collectors.Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			name := c.Name()
+			log.Error("check panicked", "check", name, "err", fmt.Sprint(p), "stack", string(debug.Stack()))
+			r = collectors.Result{Check: name, Status: collectors.StatusUnknown, Reason: "CheckPanicked",
+				Message: fmt.Sprintf("check panicked: %v", p), Time: now(), Err: fmt.Errorf("panic: %v", p)}
+		}
+	}()
+	return c.Check(ctx)
 }
 
 // observe updates the check metrics and logs status changes and observation errors once per

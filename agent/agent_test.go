@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -742,6 +743,65 @@ func TestLoopFollowsTheGrid(t *testing.T) {
 		waitFor("the loop to wait", h.clock.HasWaiters)
 		if got := counter.runs.Load(); got != st.cycles {
 			t.Fatalf("at t0+%v: %d cycles, want %d", st.at, got, st.cycles)
+		}
+	}
+}
+
+// goroutineCheck records the ID of the goroutine each Check call runs on.
+type goroutineCheck struct {
+	fakeCheck
+	mu  sync.Mutex
+	ids []string
+}
+
+func (c *goroutineCheck) Check(ctx context.Context) collectors.Result {
+	buf := make([]byte, 64)
+	buf = buf[:goruntime.Stack(buf, false)]
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
+	c.mu.Lock()
+	c.ids = append(c.ids, id)
+	c.mu.Unlock()
+	return c.fakeCheck.Check(ctx)
+}
+
+// TestChecksRunOnLongLivedWorkers: every cycle runs a check on the same goroutine, also after
+// the check panicked, so its grown stack is reused instead of grown again every cycle.
+func TestChecksRunOnLongLivedWorkers(t *testing.T) {
+	ctx := context.Background()
+	gc := &goroutineCheck{fakeCheck: fakeCheck{name: "memory"}}
+	gc.set(collectors.StatusHealthy, "OK", nil)
+	h := newHarness(t, func(cfg *Config) {
+		for i, c := range cfg.Checks {
+			if c.Name() == "memory" {
+				cfg.Checks[i] = gc
+			}
+		}
+	})
+	for range 3 {
+		if r := h.agent.RunChecks(ctx)[0]; r.Check != "memory" || r.Status != collectors.StatusHealthy {
+			t.Fatalf("memory result = %+v, want Healthy", r)
+		}
+	}
+	gc.fakeCheck.mu.Lock()
+	gc.panic = true
+	gc.fakeCheck.mu.Unlock()
+	if r := h.agent.RunChecks(ctx)[0]; r.Reason != "CheckPanicked" {
+		t.Fatalf("panicking memory check = %+v, want CheckPanicked", r)
+	}
+	gc.fakeCheck.mu.Lock()
+	gc.panic = false
+	gc.fakeCheck.mu.Unlock()
+	if r := h.agent.RunChecks(ctx)[0]; r.Status != collectors.StatusHealthy {
+		t.Fatalf("memory after its panic = %+v, want Healthy", r)
+	}
+	gc.mu.Lock()
+	defer gc.mu.Unlock()
+	if len(gc.ids) != 5 {
+		t.Fatalf("memory check ran %d times, want 5", len(gc.ids))
+	}
+	for i, id := range gc.ids {
+		if id != gc.ids[0] {
+			t.Fatalf("cycle %d ran the check on goroutine %s, cycle 0 on %s (all goroutines: %v); want one long-lived worker", i, id, gc.ids[0], gc.ids)
 		}
 	}
 }

@@ -653,8 +653,9 @@ func (a *Agent) runCheck(ctx context.Context, c Checker) collectors.Result {
 // as the agent. A fresh goroutine per check per cycle starts every 10 s on a small stack and
 // grows it by copying (the checks' parsers and D-Bus calls take it to tens of KiB), each copy
 // walking every frame with cold caches: in a CPU profile of the idle agent, runtime.morestack
-// was 8 % of the samples (docs/benchmarks.md, session 14). A long-lived goroutine keeps its
-// grown stack between cycles (the garbage collector halves it at most once per GC cycle).
+// was 7 % of the samples, and 4 % with the workers (docs/benchmarks.md, session 14). A
+// long-lived goroutine keeps its grown stack between cycles (the garbage collector halves it
+// at most once per GC cycle).
 //
 // The worker is started on the first job. At most one job is ever pending: the agent's
 // running flag for the check is set before a job is submitted and cleared by the worker only

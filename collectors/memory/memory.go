@@ -7,9 +7,9 @@
 // The check reads three things, all under <HostRoot>/proc:
 //
 //   - pressure stall information (PSI): the share of time every non-idle task was stalled
-//     waiting for memory ("full"), node-wide from /proc/pressure/memory and, when present, from the cgroup v2 memory.pressure file of the
-//     kubelet's pod cgroup (kubepods.slice with the systemd cgroup driver, kubepods with
-//     cgroupfs). The worse of the two is judged;
+//     waiting for memory ("full"), node-wide from /proc/pressure/memory and, when present,
+//     from the cgroup v2 memory.pressure file of the kubelet's pod cgroup (kubepods.slice with
+//     the systemd cgroup driver, kubepods with cgroupfs). The worse of the two is judged;
 //   - MemAvailable against MemTotal from /proc/meminfo;
 //   - the kernel's OOM-kill counter (oom_kill in /proc/vmstat), reported as a metric and named
 //     in the message for OOMKillWindow after a kill.

@@ -50,7 +50,6 @@
 package memory
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -517,7 +516,7 @@ func (c *Collector) readVMStat(r *reading) {
 	if err != nil {
 		return
 	}
-	if n, err := parseOOMKills(bytes.NewReader(data)); err == nil {
+	if n, err := parseOOMKills(data); err == nil {
 		r.oomOK, r.oomKills = true, n
 	}
 }
@@ -537,7 +536,7 @@ func (c *Collector) readPSI(r *reading) error {
 	data, err := c.readFile(filepath.Join(c.hostRoot, "proc", "pressure", "memory"), maxPSIFileSize)
 	switch {
 	case err == nil:
-		st, err := parsePSI(bytes.NewReader(data))
+		st, err := parsePSI(data)
 		if err == nil && !st.HasFull {
 			err = errors.New(`no "full" line`)
 		}

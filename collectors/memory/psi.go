@@ -1,11 +1,9 @@
 package memory
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math"
 	"path/filepath"
@@ -19,6 +17,10 @@ import (
 // maxPSIFileSize bounds how much of a pressure file is read. The kernel writes two lines of
 // about 60 bytes; anything much larger is not a PSI file.
 const maxPSIFileSize = 64 << 10
+
+// maxPSILineSize bounds one line of a pressure file: the kernel's are about 60 bytes, and a
+// longer one is rejected before its fields are quoted in an error message.
+const maxPSILineSize = 4096
 
 // kubepodsPressureFiles are the cgroup v2 memory.pressure files of the cgroup the kubelet puts
 // every pod under, relative to the host root, in the order they are tried: the systemd cgroup
@@ -70,12 +72,15 @@ func isUnsupported(err error) bool {
 // adds some does not break the check. A known line must carry avg10, avg60, avg300 (finite,
 // between 0 and 100) and total exactly once; a file with neither a some nor a full line is an
 // error.
-func parsePSI(r io.Reader) (psiStats, error) {
+func parsePSI(data []byte) (psiStats, error) {
 	var st psiStats
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		line := sc.Text()
-		kind, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
+	for len(data) > 0 {
+		var line []byte
+		line, data, _ = bytes.Cut(data, []byte("\n"))
+		if len(line) > maxPSILineSize {
+			return psiStats{}, fmt.Errorf("line of %d bytes is too long for PSI (at most %d)", len(line), maxPSILineSize)
+		}
+		kind, rest, _ := strings.Cut(strings.TrimSpace(string(line)), " ")
 		var dst *psiLine
 		switch kind {
 		case "some":
@@ -98,9 +103,6 @@ func parsePSI(r io.Reader) (psiStats, error) {
 			return psiStats{}, fmt.Errorf("%s line: %w", kind, err)
 		}
 		*dst = l
-	}
-	if err := sc.Err(); err != nil {
-		return psiStats{}, err
 	}
 	if !st.HasSome && !st.HasFull {
 		return psiStats{}, errors.New(`no "some" or "full" line`)
@@ -187,7 +189,7 @@ func (c *Collector) readKubepodsPSI() (path string, st psiStats, err error) {
 		}
 		path = "/" + rel
 		if err == nil {
-			st, err = parsePSI(bytes.NewReader(data))
+			st, err = parsePSI(data)
 		}
 		if errors.Is(err, syscall.EOPNOTSUPP) {
 			return path, psiStats{}, fmt.Errorf("%w: %w", errPSIUnsupported, err)

@@ -1,11 +1,9 @@
 package memory
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 )
 
@@ -19,12 +17,13 @@ var errNoOOMKill = errors.New(`no "oom_kill" line (kernel older than 4.13?)`)
 // parseOOMKills returns the oom_kill counter of /proc/vmstat: how many processes the kernel's
 // OOM killer has killed since boot, in any cgroup. prometheus/procfs has no /proc/vmstat
 // parser, hence this small one; reading is kept apart from parsing so it is tested over
-// fixtures. Other lines are ignored.
-func parseOOMKills(r io.Reader) (uint64, error) {
-	sc := bufio.NewScanner(io.LimitReader(r, maxVMStatSize))
-	for sc.Scan() {
-		// Bytes, not Text: a string per line would be ~190 allocations per check for one line.
-		name, value, ok := bytes.Cut(sc.Bytes(), []byte(" "))
+// fixtures. Other lines are ignored. It works on the bytes in place: a string or a scanner
+// buffer per check would be most of what the memory check allocates.
+func parseOOMKills(data []byte) (uint64, error) {
+	for len(data) > 0 {
+		var line []byte
+		line, data, _ = bytes.Cut(data, []byte("\n"))
+		name, value, ok := bytes.Cut(line, []byte(" "))
 		if !ok || string(name) != "oom_kill" {
 			continue
 		}
@@ -33,9 +32,6 @@ func parseOOMKills(r io.Reader) (uint64, error) {
 			return 0, fmt.Errorf("oom_kill %q: %w", value, err)
 		}
 		return n, nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
 	}
 	return 0, errNoOOMKill
 }

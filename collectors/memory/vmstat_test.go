@@ -27,7 +27,7 @@ func TestParseOOMKills(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseOOMKills(strings.NewReader(tt.in))
+			got, err := parseOOMKills([]byte(tt.in))
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, want error %v", err, tt.wantErr)
 			}
@@ -45,7 +45,7 @@ func FuzzParseOOMKills(f *testing.F) {
 	f.Add("oom_kill 3\n")
 	f.Add("pgfault 1\noom_kill 0")
 	f.Fuzz(func(t *testing.T, in string) {
-		n, err := parseOOMKills(strings.NewReader(in))
+		n, err := parseOOMKills([]byte(in))
 		if err != nil && n != 0 {
 			t.Fatalf("value %d with error %v", n, err)
 		}

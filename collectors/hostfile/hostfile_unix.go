@@ -20,9 +20,6 @@ func read(path string, buf []byte, limit int) ([]byte, error) {
 	defer syscall.Close(fd) // read-only: close cannot lose data
 	for {
 		if len(buf) == cap(buf) {
-			if len(buf) > limit {
-				return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)}
-			}
 			// Start at 512 bytes, which most of these files fit (comm, cmdline, PSI, a
 			// conflist), and double; at most limit+1, so one byte more than allowed is seen.
 			grown := make([]byte, len(buf), min(max(2*cap(buf), 512), limit+1))
@@ -38,12 +35,11 @@ func read(path string, buf []byte, limit int) ([]byte, error) {
 			return nil, &fs.PathError{Op: "read", Path: path, Err: err}
 		}
 		if n == 0 {
-			if len(buf) > limit {
-				return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)}
-			}
 			return buf, nil
 		}
-		buf = buf[:len(buf)+n]
+		if buf = buf[:len(buf)+n]; len(buf) > limit {
+			return nil, &fs.PathError{Op: "read", Path: path, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, limit)}
+		}
 	}
 }
 

@@ -23,9 +23,8 @@ type meminfo struct {
 // file is read with collectors/hostfile, which is why procfs's reader is not used here.
 func parseMeminfo(data []byte) (meminfo, error) {
 	var m meminfo
-	for len(data) > 0 {
-		var line []byte
-		line, data, _ = bytes.Cut(data, []byte("\n"))
+	for line := range bytes.Lines(data) {
+		line = bytes.TrimSuffix(line, []byte("\n"))
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}

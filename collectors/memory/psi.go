@@ -74,9 +74,7 @@ func isUnsupported(err error) bool {
 // error.
 func parsePSI(data []byte) (psiStats, error) {
 	var st psiStats
-	for len(data) > 0 {
-		var line []byte
-		line, data, _ = bytes.Cut(data, []byte("\n"))
+	for line := range bytes.Lines(data) {
 		if len(line) > maxPSILineSize {
 			return psiStats{}, fmt.Errorf("line of %d bytes is too long for PSI (at most %d)", len(line), maxPSILineSize)
 		}

@@ -20,14 +20,13 @@ var errNoOOMKill = errors.New(`no "oom_kill" line (kernel older than 4.13?)`)
 // fixtures. Other lines are ignored. It works on the bytes in place: a string or a scanner
 // buffer per check would be most of what the memory check allocates.
 func parseOOMKills(data []byte) (uint64, error) {
-	for len(data) > 0 {
-		var line []byte
-		line, data, _ = bytes.Cut(data, []byte("\n"))
+	for line := range bytes.Lines(data) {
 		name, value, ok := bytes.Cut(line, []byte(" "))
 		if !ok || string(name) != "oom_kill" {
 			continue
 		}
-		n, err := strconv.ParseUint(string(bytes.TrimSpace(value)), 10, 64)
+		value = bytes.TrimSpace(value)
+		n, err := strconv.ParseUint(string(value), 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("oom_kill %q: %w", value, err)
 		}

@@ -495,8 +495,17 @@ func TestRunServesAndStopsPromptly(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := h.client.CoordinationV1().Leases("nodevigil-system").Get(context.Background(), nodeName, metav1.GetOptions{}); err != nil {
-		t.Errorf("heartbeat lease not created: %v", err)
+	// The heartbeat runs beside the check loop on purpose (a slow API server must not delay
+	// it, nor it the conditions), so readiness says nothing about the Lease: wait for it.
+	for {
+		_, err := h.client.CoordinationV1().Leases("nodevigil-system").Get(context.Background(), nodeName, metav1.GetOptions{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("heartbeat lease never created: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	for {

@@ -3,6 +3,11 @@
 // the apiserver's own apiserver_request_total (the controller manager is not started, so the
 // agent is the only writer). It prints a Markdown table for docs/benchmarks.md.
 //
+// By default a lease floor runs in the same window (floor.go): a process that only renews a
+// Lease with the agent's own heartbeat code. Its CPU is what any agent that heartbeats through
+// client-go costs here, so "agent above the lease floor" is the part the agent's own work adds,
+// a figure that moves far less with this host's noisy minutes than the agent's own.
+//
 //	go run ./integration/bench/agentsteady -duration 10m
 package main
 
@@ -45,18 +50,30 @@ func main() {
 	lifecycle := flag.String("lifecycle", "spot", "the emulated instance's purchasing option (instance-life-cycle): spot (the agent polls the spot paths every spot interval) or on-demand (it never reads them)")
 	ab := flag.String("ab", "", "path of another build's nodevigil-agent binary (e.g. main's: git worktree add, go build -o); it runs alongside on a Node and emulated instance of its own with the same settings, and its rows (\"A/B:\") give a same-window A/B on one control plane")
 	imdsOn := flag.Bool("imds", true, "serve the agent an emulated instance metadata service (integration/ec2emu), so the AWS event watcher polls as on EC2; false leaves the default endpoint, unreachable off EC2")
+	floor := flag.Bool("floor", true, "run the lease floor alongside (a process that only renews a Lease with the agent's own heartbeat code, GOMAXPROCS 1, GOGC 50) and report the agents' CPU above it, in the same window")
+	role := flag.String("role", "", "internal: "+roleLeaseFloor+" runs the lease floor itself (with -kubeconfig, -node, -namespace)")
+	kubeconfig := flag.String("kubeconfig", "", "internal: the lease floor's kubeconfig")
+	node := flag.String("node", "", "internal: the lease floor's Node")
+	namespace := flag.String("namespace", "", "internal: the lease floor's namespace")
 	flag.Parse()
+	if *role == roleLeaseFloor {
+		if err := runLeaseFloor(*kubeconfig, *node, *namespace); err != nil {
+			fmt.Fprintln(os.Stderr, "agentsteady lease floor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *lifecycle != "spot" && *lifecycle != "on-demand" {
 		fmt.Fprintf(os.Stderr, "agentsteady: -lifecycle %q: want spot or on-demand\n", *lifecycle)
 		os.Exit(2)
 	}
-	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *spotInterval, *lifecycle, *ab); err != nil {
+	if err := run(*duration, *warmup, *sample, *baseline, *imdsOn, *compare, *floor, *spotInterval, *lifecycle, *ab); err != nil {
 		fmt.Fprintln(os.Stderr, "agentsteady:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool, spotInterval time.Duration, lifecycle, abBin string) error {
+func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare, floor bool, spotInterval time.Duration, lifecycle, abBin string) error {
 	ctx := context.Background()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DisableControllerManager: true})
 	if err != nil {
@@ -206,6 +223,23 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		defer abAgent.Stop(10 * time.Second)
 	}
 
+	var floorProc *testbin.Process
+	if floor {
+		const floorNode = "bench-node-floor"
+		if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: floorNode}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		if floorProc, err = testbin.Start("lease-floor", self, []string{"-role", roleLeaseFloor,
+			"-kubeconfig", cp.KubeconfigPath(), "-node", floorNode, "-namespace", ns}); err != nil {
+			return err
+		}
+		defer floorProc.Stop(10 * time.Second)
+	}
+
 	fmt.Fprintf(os.Stderr, "agentsteady: warming up for %s, then measuring for %s\n", warmup, duration)
 	time.Sleep(warmup)
 	if exited, err := agent.Exited(); exited {
@@ -219,6 +253,11 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	if abAgent != nil {
 		if exited, err := abAgent.Exited(); exited {
 			return fmt.Errorf("A/B agent exited during warm-up: %v\n%s", err, abAgent.LogTail(30))
+		}
+	}
+	if floorProc != nil {
+		if exited, err := floorProc.Exited(); exited {
+			return fmt.Errorf("lease floor exited during warm-up: %v\n%s", err, floorProc.LogTail(30))
 		}
 	}
 	// The figures mean something only for an agent whose node checks pass, as on a working
@@ -270,6 +309,10 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 			return err
 		}
 	}
+	var floor0 sched
+	if floorProc != nil {
+		floor0 = readSched(floorProc.Pid())
+	}
 	abTokens0, abReads0 := emu.IMDSCalls(abInstance)
 	var abrss []int64
 	tokens0, reads0 := emu.IMDSCalls(instanceID)
@@ -278,12 +321,15 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 	// Scheduler counts at every whole minute of the window, for the per-minute median: one
 	// minute's CPU can read several times another's on a host that reports no steal time.
 	minutes0 := []sched{ps0}
-	abMinutes := []sched{abps0}
+	abMinutes, floorMinutes := []sched{abps0}, []sched{floor0}
 	for time.Since(start) < duration {
 		if time.Since(start) >= time.Duration(len(minutes0))*time.Minute {
 			minutes0 = append(minutes0, readSched(agent.Pid()))
 			if abAgent != nil {
 				abMinutes = append(abMinutes, readSched(abAgent.Pid()))
+			}
+			if floorProc != nil {
+				floorMinutes = append(floorMinutes, readSched(floorProc.Pid()))
 			}
 		}
 		m, err := memKB(agent.Pid())
@@ -342,6 +388,13 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 			return err
 		}
 	}
+	var floor1 sched
+	if floorProc != nil {
+		if exited, err := floorProc.Exited(); exited {
+			return fmt.Errorf("lease floor exited during the window: %v\n%s", err, floorProc.LogTail(30))
+		}
+		floor1 = readSched(floorProc.Pid())
+	}
 	abTokens1, abReads1 := emu.IMDSCalls(abInstance)
 	rt1, ort1, abrt1 := runtimeCounts(ctx, metricsAddr), runtimeCounts(ctx, otherAddr), runtimeCounts(ctx, abAddr)
 	for _, v := range [][]int64{rss, anon, file, orss, oanon, ofile, abrss} {
@@ -389,6 +442,17 @@ func run(duration, warmup, sample, baseline time.Duration, imdsOn, compare bool,
 		if imdsOn {
 			fmt.Printf("| A/B: IMDS | %.1f metadata reads and %.2f token requests per minute |\n", float64(abReads1-abReads0)/minutes, float64(abTokens1-abTokens0)/minutes)
 		}
+	}
+	if floorProc != nil {
+		printCounts("lease floor: ", floor0, floor1, [2]float64{}, [2]float64{}, append(floorMinutes, floor1))
+		above := func(a, b sched) float64 {
+			return float64((b.runNS-a.runNS)-(floor1.runNS-floor0.runNS)) / elapsed.Seconds() / 1e6
+		}
+		fmt.Printf("| agent above the lease floor (schedstat, same window) | %+.3f mCPU |\n", above(ps0, ps1))
+		if abAgent != nil {
+			fmt.Printf("| A/B: agent above the lease floor | %+.3f mCPU |\n", above(abps0, abps1))
+		}
+		fmt.Printf("| note | the API rows below count the lease floor's Lease updates too |\n")
 	}
 	fmt.Printf("| Lease renewals (agent's own metric) | %.2f per minute |\n", (renew1-renew0)/minutes)
 	if imdsOn {
